@@ -1,0 +1,3 @@
+from logsync.cli import main
+
+main()

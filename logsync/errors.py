@@ -1,0 +1,81 @@
+"""The one exceptions module.
+
+Our faults are kept apart from the peer's, and only the transient branch is
+retried (STYLE.md §6)::
+
+    LogsyncError
+    ├── ValidationError (also ValueError)   bad input: one sentence naming field, value, rule
+    ├── NotFoundError (also KeyError-like)  an id that does not exist here
+    ├── ReplicaIdentityError                replica.json is corrupt or foreign-shaped
+    ├── StoreError                          the database refused (locked, corrupt, full)
+    ├── ConfigError                         peers.json, scenario files, CLI settings
+    └── PeerError                           anything a peer did or failed to do
+        ├── PeerTransientError              connect errors, timeouts, 5xx, 429/503 (retried)
+        ├── PeerAuthError                   401/403: wrong or missing token (not retried)
+        ├── PeerRequestError                other 4xx (not retried)
+        └── PeerProtocolError               malformed or lying answers (not retried)
+"""
+
+from __future__ import annotations
+
+
+class LogsyncError(Exception):
+    """Base of every error logsync raises on purpose."""
+
+
+class ValidationError(LogsyncError, ValueError):
+    """Input broke a rule; the message names the field, the value and the rule."""
+
+
+class NotFoundError(LogsyncError):
+    """An id (event, artifact, peer) that this replica does not hold."""
+
+
+class ReplicaIdentityError(LogsyncError):
+    """replica.json cannot be trusted; we refuse to mint a second identity."""
+
+
+class StoreError(LogsyncError):
+    """SQLite failed underneath us (locked past the timeout, corrupt, disk full)."""
+
+
+class ConfigError(LogsyncError):
+    """A configuration file or setting is malformed."""
+
+
+class PeerError(LogsyncError):
+    """A peer failed, refused, or answered something we cannot accept."""
+
+    def __init__(self, message: str, *, peer: str | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+class PeerTransientError(PeerError):
+    """Worth retrying: the network or the peer may recover."""
+
+    def __init__(
+        self, message: str, *, peer: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, peer=peer)
+        self.retry_after = retry_after
+
+
+class PeerAuthError(PeerError):
+    """The peer rejected our credentials (401/403)."""
+
+
+class PeerRequestError(PeerError):
+    """The peer rejected the request itself (a 4xx other than auth)."""
+
+
+class PeerProtocolError(PeerError):
+    """The peer's answer is malformed, oversize, or contradicts itself."""
+
+
+def shorten(value: object, limit: int = 60) -> str:
+    """repr() of a value, cut so error sentences stay one line."""
+    text = repr(value)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text

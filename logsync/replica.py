@@ -1,0 +1,83 @@
+"""One stable replica id per palace directory, kept in `replica.json`.
+
+The id names the palace copy (the seat), not the writer. It is minted once,
+written atomically, and never rotated silently: a corrupt or foreign-shaped
+file is an error, because a second identity would fork this replica's
+op-log provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+
+from logsync.errors import ReplicaIdentityError
+
+REPLICA_FILENAME = "replica.json"
+REPLICA_ID_RE = re.compile(r"^rep_(?:[0-9a-f]{12}|[0-9a-f]{32})$")
+
+
+def mint_replica_id() -> str:
+    return f"rep_{secrets.token_hex(16)}"
+
+
+def is_replica_id(value: object) -> bool:
+    return isinstance(value, str) and REPLICA_ID_RE.match(value) is not None
+
+
+def read_replica_id(palace: Path) -> str | None:
+    """The stored id, None if there is no file, an error if it is untrustworthy."""
+    path = Path(palace) / REPLICA_FILENAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ReplicaIdentityError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+        replica_id = data["replica_id"]
+    except (ValueError, KeyError, TypeError):
+        raise ReplicaIdentityError(
+            f"{path} is corrupt (expected a JSON object with a replica_id); refusing to "
+            "mint a second identity for this palace: restore the file or delete it explicitly"
+        ) from None
+    if not is_replica_id(replica_id):
+        raise ReplicaIdentityError(
+            f"{path} holds replica_id={replica_id!r}, which is not 'rep_' followed by 12 or "
+            "32 lowercase hex digits; refusing to mint a second identity"
+        )
+    return str(replica_id)
+
+
+def get_replica_id(palace: Path, mint: Callable[[], str] = mint_replica_id) -> str:
+    """Return this palace's id, minting and persisting it on first use."""
+    palace = Path(palace)
+    existing = read_replica_id(palace)
+    if existing is not None:
+        return existing
+    replica_id = mint()
+    if not is_replica_id(replica_id):
+        raise ReplicaIdentityError(f"minted replica id {replica_id!r} is malformed")
+    palace.mkdir(parents=True, exist_ok=True)
+    path = palace / REPLICA_FILENAME
+    tmp = path.with_name(f".{REPLICA_FILENAME}.{os.getpid()}.tmp")
+    payload = json.dumps({"replica_id": replica_id}, indent=2) + "\n"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+    try:
+        # link() fails if another process minted first: the first writer wins.
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    winner = read_replica_id(palace)
+    assert winner is not None
+    return winner
