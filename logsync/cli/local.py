@@ -1,0 +1,292 @@
+"""Local commands on one palace: init, append, list, wait, ack, artifact, patch, info."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from logsync.cli import cli
+from logsync.cli._common import (
+    EXIT_TIMEOUT,
+    emit_json,
+    event_line,
+    handles_errors,
+    json_option,
+    open_store,
+    palace_of,
+    parse_metadata,
+    read_stdin_exact,
+    read_text,
+    write_stdout_exact,
+)
+from logsync.errors import NotFoundError
+from logsync.model import EVENT_STATUSES
+from logsync.store import Store
+
+STATUS = click.Choice(sorted(EVENT_STATUSES))
+
+
+def _filter_options(fn: Any) -> Any:
+    for name in reversed(("stream", "room", "topic", "type", "to-agent", "from-agent",
+                          "correlation-id")):
+        fn = click.option(f"--{name}", default=None)(fn)
+    fn = click.option("--status", default=None)(fn)
+    fn = click.option("--since-event-id", default=None, help="Strictly after this event (local seq).")(fn)
+    fn = click.option("--since-created-at", default=None, help="created_at >= this (inclusive).")(fn)
+    return fn
+
+
+def _filters(kw: dict[str, Any]) -> dict[str, Any]:
+    keys = ("stream", "room", "topic", "type", "to_agent", "from_agent", "correlation_id",
+            "status", "since_event_id", "since_created_at")
+    return {k: kw[k] for k in keys}
+
+
+@cli.command()
+@json_option
+@click.pass_context
+@handles_errors
+def init(ctx: click.Context, as_json: bool) -> None:
+    """Create the palace (store and replica id) if it does not exist."""
+    with open_store(ctx) as store:
+        payload = {"palace": str(store.palace), "replica_id": store.replica_id,
+                   "db_path": str(store.db_path)}
+    if as_json:
+        emit_json(payload)
+    else:
+        click.echo(f"Palace {payload['palace']}\n  replica_id={payload['replica_id']}")
+
+
+@cli.command()
+@click.option("--type", "type_", required=True, help="Event type, e.g. task.request.")
+@click.option("--stream", required=True)
+@click.option("--room", required=True)
+@click.option("--from-agent", required=True)
+@click.option("--topic")
+@click.option("--to-agent")
+@click.option("--correlation-id")
+@click.option("--branch")
+@click.option("--base-commit")
+@click.option("--status")
+@click.option("--body")
+@click.option("--body-file", help="Read the body from a file ('-' = stdin), byte-exact.")
+@click.option("--metadata", help="A JSON object.")
+@click.option("--artifact-id", multiple=True, help="Repeatable.")
+@json_option
+@click.pass_context
+@handles_errors
+def append(ctx: click.Context, as_json: bool, type_: str, body: str | None,
+           body_file: str | None, metadata: str | None, artifact_id: tuple[str, ...],
+           **fields: Any) -> None:
+    """Append one immutable event."""
+    with open_store(ctx) as store:
+        event = store.append_event(
+            type_, fields.pop("stream"), fields.pop("room"), fields.pop("from_agent"),
+            body=read_text(body, body_file), metadata=parse_metadata(metadata),
+            artifact_ids=list(artifact_id) or None, **fields,
+        )
+    if as_json:
+        emit_json(event)
+    else:
+        click.echo("Appended:")
+        click.echo(event_line(event))
+
+
+@cli.command("list")
+@_filter_options
+@click.option("--before-event-id", default=None, help="Strictly before this event (local seq).")
+@click.option("--order", type=click.Choice(["asc", "desc", "hlc"]), default="asc",
+              help="asc/desc by local arrival; hlc = the fleet-wide merged timeline.")
+@click.option("--limit", type=int, default=50, show_default=True, help="At most 500.")
+@json_option
+@click.pass_context
+@handles_errors
+def list_(ctx: click.Context, as_json: bool, order: str, limit: int,
+          before_event_id: str | None, **kw: Any) -> None:
+    """List events matching filters (`--to-agent` also matches `*` broadcasts)."""
+    with open_store(ctx) as store:
+        events = store.list_events(limit=limit, order=order, before_event_id=before_event_id,
+                                   **_filters(kw))
+    _print_events({"events": events, "count": len(events)}, as_json)
+
+
+@cli.command()
+@_filter_options
+@click.option("--timeout-ms", type=int, default=60_000, show_default=True,
+              help="At most 300000.")
+@click.option("--limit", type=int, default=50, show_default=True)
+@json_option
+@click.pass_context
+@handles_errors
+def wait(ctx: click.Context, as_json: bool, timeout_ms: int, limit: int, **kw: Any) -> None:
+    """Block until a matching event exists; exit 2 on timeout."""
+    with open_store(ctx) as store:
+        result = store.wait_events(timeout_ms=timeout_ms, limit=limit, **_filters(kw))
+    result["count"] = len(result["events"])
+    _print_events(result, as_json)
+    if result["timed_out"]:
+        ctx.exit(EXIT_TIMEOUT)
+
+
+def _print_events(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_json(result)
+    elif result.get("timed_out"):
+        click.echo("Timed out; no matching events.")
+    elif not result["events"]:
+        click.echo("No matching events.")
+    else:
+        click.echo(f"{result['count']} event(s):")
+        for event in result["events"]:
+            click.echo(event_line(event))
+
+
+@cli.command()
+@click.argument("event_id")
+@click.option("--from-agent", required=True)
+@click.option("--status")
+@click.option("--body", default="")
+@click.option("--topic")
+@json_option
+@click.pass_context
+@handles_errors
+def ack(ctx: click.Context, as_json: bool, event_id: str, from_agent: str,
+        status: str | None, body: str, topic: str | None) -> None:
+    """Append an event.ack for EVENT_ID, routed back to its author."""
+    with open_store(ctx) as store:
+        event = store.ack_event(event_id, from_agent, status=status, body=body, topic=topic)
+    if as_json:
+        emit_json(event)
+    else:
+        click.echo("Acknowledged:")
+        click.echo(event_line(event))
+
+
+@cli.group()
+def artifact() -> None:
+    """Exact payloads: put and get."""
+
+
+@artifact.command("put")
+@click.option("--kind", required=True, help="patch, file, log, json or note.")
+@click.option("--created-by", required=True)
+@click.option("--file", "file_", help="Read content from a file ('-' = stdin).")
+@click.option("--content", help="Inline content (default: read stdin).")
+@click.option("--metadata", help="A JSON object.")
+@json_option
+@click.pass_context
+@handles_errors
+def artifact_put(ctx: click.Context, as_json: bool, kind: str, created_by: str,
+                 file_: str | None, content: str | None, metadata: str | None) -> None:
+    """Store exact content (UTF-8 text, at most 4 MiB)."""
+    text = read_text(content, file_, default=None)
+    if text is None:
+        text = read_stdin_exact()
+    with open_store(ctx) as store:
+        record = store.put_artifact(kind, text, created_by, parse_metadata(metadata))
+    if as_json:
+        emit_json(record)
+    else:
+        click.echo(f"Stored {record['id']}  kind={record['kind']}")
+        click.echo(f"  sha256={record['sha256']}")
+        click.echo(f"  size={record['size_bytes']} bytes")
+    for warning in record.get("warnings", []):
+        click.echo(f"Warning: {warning}", err=True)
+
+
+@artifact.command("get")
+@click.argument("artifact_id")
+@click.option("--out", help="Write the exact bytes to this file instead of stdout.")
+@json_option
+@click.pass_context
+@handles_errors
+def artifact_get(ctx: click.Context, as_json: bool, artifact_id: str, out: str | None) -> None:
+    """Print an artifact's exact bytes (pipe into `git apply`)."""
+    with open_store(ctx) as store:
+        record = store.get_artifact(artifact_id)
+    if record is None:
+        raise NotFoundError(f"artifact {artifact_id!r} not found")
+    if out:
+        with open(click.format_filename(out), "wb") as handle:
+            handle.write(record["content"].encode("utf-8"))
+    if as_json:
+        if out:
+            record = {**record, "content_written_to": out}
+            record.pop("content")
+        emit_json(record)
+    elif out:
+        click.echo(f"Wrote {record['size_bytes']} bytes to {out}")
+        click.echo(f"  sha256={record['sha256']}")
+    else:
+        write_stdout_exact(record["content"])
+
+
+@cli.group()
+def patch() -> None:
+    """Patch handoff."""
+
+
+@patch.command("submit")
+@click.option("--from-agent", required=True)
+@click.option("--stream", required=True)
+@click.option("--room", default="patches", show_default=True)
+@click.option("--file", "file_", help="The diff ('-' = stdin; default: stdin).")
+@click.option("--topic")
+@click.option("--to-agent")
+@click.option("--correlation-id")
+@click.option("--branch")
+@click.option("--base-commit")
+@click.option("--body", default="")
+@click.option("--metadata", help="A JSON object.")
+@json_option
+@click.pass_context
+@handles_errors
+def patch_submit(ctx: click.Context, as_json: bool, file_: str | None, metadata: str | None,
+                 from_agent: str, stream: str, room: str, **fields: Any) -> None:
+    """Store a patch artifact and append its patch.ready event."""
+    content = read_text(None, file_ or "-")
+    with open_store(ctx) as store:
+        result = store.submit_patch(content or "", from_agent, stream, room,
+                                    metadata=parse_metadata(metadata), **fields)
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(f"Stored {result['artifact']['id']}  sha256={result['artifact']['sha256']}")
+        click.echo(event_line(result["event"]))
+    for warning in result["artifact"].get("warnings", []):
+        click.echo(f"Warning: {warning}", err=True)
+
+
+def info_payload(store: Store) -> dict[str, Any]:
+    return {"palace": str(store.palace), "replica_id": store.replica_id,
+            "version_vector": store.version_vector(), **store.counts()}
+
+
+@cli.command()
+@json_option
+@click.pass_context
+@handles_errors
+def info(ctx: click.Context, as_json: bool) -> None:
+    """This replica's id, version vector and counts."""
+    with open_store(ctx) as store:
+        payload = info_payload(store)
+    if as_json:
+        emit_json(payload)
+        return
+    click.echo(f"palace      {payload['palace']}")
+    click.echo(f"replica_id  {payload['replica_id']}")
+    click.echo(f"events {payload['events']}  artifacts {payload['artifacts']}  "
+               f"conflicts {payload['conflicts']}  quarantined {payload['quarantined']}")
+    for origin, top in sorted(payload["version_vector"].items()):
+        click.echo(f"  {origin}  {top}")
+
+
+@cli.group()
+def logstream() -> None:
+    """Upstream-style aliases: `logsync logstream append|list|wait|ack`."""
+
+
+for _command in (append, list_, wait, ack):
+    logstream.add_command(_command)
+_ = palace_of  # re-exported for sibling command modules
