@@ -1,0 +1,1 @@
+"""Interop tests against real MemPalace 3.11 hubs (marker: interop)."""
