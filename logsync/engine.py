@@ -25,16 +25,17 @@ Rules of a round:
    the op that names it, and other origins go on.
 4. One `store.apply_remote` call per page (one transaction).
 5. An origin stops when it is caught up, when a page is empty or shorter than
-   asked (the peer has no more right now, whatever its vector promised), when
-   the store stops it (quarantine, conflict), or when its page budget --
-   derived from the promised range -- is spent. So a lying peer cannot keep
-   us looping.
+   asked (the peer has no more right now, whatever its vector promised), or
+   when the store stops it (quarantine, id collision). A full valid page
+   advances origin_seq by at least `limit`, so an origin takes at most
+   ceil((theirs - ours) / limit) + 1 pages: a lying vector cannot loop us.
 
-Extensions are additive and negotiated: a peer advertises them under
-`ADVERTISEMENT_KEY` in its version_vector answer, e.g.
-`"logsync": {"version": 1, "extensions": ["msgpack", "inline_artifacts",
-"large_pages"], "max_page_limit": 5000}`. A peer that advertises nothing
-(a MemPalace hub) gets exactly the upstream requests.
+Extensions are additive and negotiated (wire owned by `logsync/server.py`): a
+peer advertises them under `ADVERTISEMENT_KEY` in its version_vector answer,
+`"logsync": {"version": ..., "extensions": ["msgpack", "large_pages",
+"inline_artifacts", ...], "max_page": 5000}`; we ask for them on `/sync/ops`
+with `ext=large_pages,inline_artifacts` and for msgpack with `Accept`. A peer
+that advertises nothing (a MemPalace hub) gets exactly the upstream requests.
 """
 
 from __future__ import annotations
@@ -55,16 +56,15 @@ ADVERTISEMENT_KEY = "logsync"
 EXT_MSGPACK = "msgpack"
 EXT_INLINE_ARTIFACTS = "inline_artifacts"
 EXT_LARGE_PAGES = "large_pages"
-KNOWN_EXTENSIONS = (EXT_MSGPACK, EXT_INLINE_ARTIFACTS, EXT_LARGE_PAGES)
-# `/sync/ops?...&artifacts=inline` asks for `"artifacts": [<artifact>...]` in the
-# page answer: the artifacts its events name (the server may leave some out).
-INLINE_ARTIFACTS_PARAM = "artifacts"
-INLINE_ARTIFACTS_VALUE = "inline"
+ADVERTISED_MAX_PAGE = "max_page"
+# `/sync/ops?...&ext=a,b` asks for extensions; `inline_artifacts` adds
+# `"artifacts": [<artifact>...]` to the page: artifacts its events name (the
+# server may leave some out, which we then fetch one by one).
+EXTENSIONS_PARAM = "ext"
 
 STOP_CAUGHT_UP = "caught up"
 STOP_EMPTY = "peer served no ops although its vector promised more"
 STOP_SHORT = "peer served a short page before reaching its promised vector entry"
-STOP_BUDGET = "page budget for the promised range spent"
 STOP_STORE = "store stopped this origin"
 
 
@@ -117,18 +117,13 @@ class Extensions:
         return used
 
 
-def advertisement(max_page_limit: int = LARGE_PAGE_CEILING) -> dict[str, Any]:
-    """The additive key a logsync server puts in its version_vector answer."""
-    return {"version": 1, "extensions": list(KNOWN_EXTENSIONS), "max_page_limit": max_page_limit}
-
-
 def parse_extensions(answer: Mapping[str, Any]) -> Extensions:
     """Read a peer's advertisement; anything malformed means 'no extensions'."""
     advert = answer.get(ADVERTISEMENT_KEY)
     if not isinstance(advert, dict) or not isinstance(advert.get("extensions"), list):
         return Extensions()
     names = {name for name in advert["extensions"] if isinstance(name, str)}
-    limit = advert.get("max_page_limit")
+    limit = advert.get(ADVERTISED_MAX_PAGE)
     large = EXT_LARGE_PAGES in names and _is_count(limit) and limit > UPSTREAM_PAGE_LIMIT
     return Extensions(
         msgpack=EXT_MSGPACK in names,
@@ -361,9 +356,9 @@ def _effective_limit(page_limit: int | None, ext: Extensions) -> int:
     return min(page_limit, ext.max_page_limit)
 
 
-def page_budget(after: int, top: int, limit: int) -> int:
-    """Most pages an honest peer needs: each full page advances origin_seq by >= limit."""
-    return max(1, math.ceil((top - after) / limit))
+def page_bound(after: int, top: int, limit: int) -> int:
+    """Most `/sync/ops` pages one origin can take in a round (see rule 5)."""
+    return math.ceil((top - after) / limit) + 1
 
 
 def pull_origin(
@@ -379,13 +374,14 @@ def pull_origin(
 
     Usable on its own so a driver can run several origins side by side.
     """
-    budget = page_budget(progress.start, progress.target, limit)
     while not progress.stop_reason:
         params: dict[str, Any] = {
             "origin": progress.origin, "after": progress.reached, "limit": limit,
         }
-        if ext.inline_artifacts:
-            params[INLINE_ARTIFACTS_PARAM] = INLINE_ARTIFACTS_VALUE
+        asked = [EXT_LARGE_PAGES] if limit > UPSTREAM_PAGE_LIMIT else []
+        asked += [EXT_INLINE_ARTIFACTS] if ext.inline_artifacts else []
+        if asked:
+            params[EXTENSIONS_PARAM] = ",".join(asked)
         report.requests += 1
         answer = yield Request("/sync/ops", params, accept_msgpack=ext.msgpack)
         events, inline = check_page(answer, peer, progress.origin, progress.reached, limit)
@@ -397,7 +393,7 @@ def pull_origin(
                                                 batch_artifacts, report)
         _apply_page(store, peer, events, artifacts, progress)
         if not progress.stop_reason:
-            progress.stop_reason = _stop_reason_after_page(progress, len(events), limit, budget)
+            progress.stop_reason = _stop_reason_after_page(progress, len(events), limit)
     return progress
 
 
@@ -405,14 +401,10 @@ def _stop_reason_for_empty(progress: OriginProgress) -> str:
     return STOP_CAUGHT_UP if progress.reached >= progress.target else STOP_EMPTY
 
 
-def _stop_reason_after_page(progress: OriginProgress, served: int, limit: int, budget: int) -> str:
+def _stop_reason_after_page(progress: OriginProgress, served: int, limit: int) -> str:
     if progress.reached >= progress.target:
         return STOP_CAUGHT_UP
-    if served < limit:
-        return STOP_SHORT
-    if progress.pages >= budget:
-        return STOP_BUDGET
-    return ""
+    return STOP_SHORT if served < limit else ""
 
 
 def check_page(
