@@ -44,4 +44,7 @@ def main() -> None:
         sys.exit(1)
 
 
-from logsync.cli import local  # noqa: E402,F401  (registers the commands)
+from logsync.cli import (
+    local,  # noqa: E402,F401  (registers the commands)
+    replication,  # noqa: E402,F401
+)

@@ -1,0 +1,297 @@
+"""Replication commands: serve, sync, status, peers, conflicts, quarantine."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import anyio
+import click
+
+from logsync import peers as peers_mod
+from logsync.cli import cli
+from logsync.cli._common import emit_json, handles_errors, json_option, open_store, palace_of
+from logsync.defaults import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
+from logsync.engine import RoundReport
+from logsync.errors import ConfigError, PeerError
+from logsync.peerstate import PeerBook
+from logsync.store import Store
+
+
+@cli.command("serve")
+@click.option("--host", default=DEFAULT_HOST, show_default=True)
+@click.option("--port", type=int, default=DEFAULT_PORT, show_default=True)
+@click.option("--token", envvar="LOGSYNC_TOKEN", help="Bearer token (env LOGSYNC_TOKEN); "
+              "required for a non-loopback bind.")
+@click.option("--interval", type=float, default=DEFAULT_INTERVAL_S, show_default=True,
+              help="Anti-entropy interval in seconds (jittered).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False))
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False))
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
+              help="CA bundle for verifying https peers.")
+@click.option("--no-notify", is_flag=True, help="Do not follow peers' /logstream/stream.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True)
+@json_option
+@click.pass_context
+@handles_errors
+def serve_cmd(ctx: click.Context, as_json: bool, host: str, port: int, token: str | None,
+              interval: float, tls_cert: str | None, tls_key: str | None, ca_file: str | None,
+              no_notify: bool, log_level: str) -> None:
+    """Serve this palace over /sync/* and pull from every peer in peers.json."""
+    from logsync.daemon import DaemonConfig, serve  # the server stack loads only here
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = DaemonConfig(
+        palace=palace_of(ctx), host=host, port=port, token=token, interval=interval,
+        tls_cert=tls_cert, tls_key=tls_key, ca_file=ca_file, notifications=not no_notify,
+        log_level=log_level,
+    )
+    config.check()
+    scheme = "https" if tls_cert else "http"
+    click.echo(f"logsync serving {config.palace} on {scheme}://{host}:{port} "
+               "(Ctrl-C to stop)", err=True)
+    serve(config)
+
+
+@cli.command("sync")
+@click.option("--peer", "peer_url", help="Pull from this URL instead of every configured peer.")
+@click.option("--token", envvar="LOGSYNC_PEER_TOKEN", help="Bearer token for --peer.")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--timeout", type=float, default=30.0, show_default=True,
+              help="Per-request timeout in seconds.")
+@json_option
+@click.pass_context
+@handles_errors
+def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str | None,
+             ca_file: str | None, timeout: float) -> None:
+    """One pull round against one peer or every configured peer; exit 1 if any failed."""
+    palace = palace_of(ctx)
+    if peer_url:
+        targets = [peers_mod.Peer(url=peers_mod.check_url(peer_url), token=token)]
+    else:
+        targets = peers_mod.load_peers(palace)
+        if not targets:
+            raise ConfigError(f"no peers configured ({peers_mod.peers_path(palace)}) "
+                              "and no --peer given")
+    show_progress = not as_json and sys.stdout.isatty()
+    with open_store(ctx) as store:
+        results = [_sync_one(store, p, ca_file, timeout, show_progress) for p in targets]
+        _record(palace, targets, results, peer_url is None)
+    stats = [r["stats"] for r in results]
+    if as_json:
+        emit_json(stats)
+    else:
+        for result in results:
+            _print_result(result)
+    if any("error" in s for s in stats):
+        sys.exit(1)
+
+
+def _sync_one(store: Store, peer: peers_mod.Peer, ca_file: str | None, timeout: float,
+              show_progress: bool) -> dict[str, Any]:
+    from logsync.client import PeerClient
+
+    report = RoundReport(peer=peer.key)
+
+    async def run() -> RoundReport:
+        async with PeerClient(peer.url, peer.token, name=peer.key, ca_file=ca_file,
+                              timeout=timeout) as client, anyio.create_task_group() as tg:
+            if show_progress:
+                tg.start_soon(_progress, store, report)
+            done = await client.run_round(store, report=report)
+            tg.cancel_scope.cancel()
+            return done
+
+    try:
+        done = anyio.run(run)
+    except PeerError as exc:
+        stats = {"peer_name": peer.key, "peer_url": peer.url, "error": str(exc)}
+        return {"peer": peer, "report": report, "stats": stats, "error": exc}
+    stats = {**done.as_upstream_stats(peer.url), "peer_name": peer.key,
+             "conflicts": done.conflicts, "quarantined": done.quarantined,
+             "per_origin_detail": {o: p.as_dict() for o, p in done.origins.items()}}
+    return {"peer": peer, "report": done, "stats": stats, "error": None}
+
+
+async def _progress(store: Store, report: RoundReport) -> None:
+    """A bar over the ops the peer's vector says we lack, fed by the live report."""
+    while not report.remote_vector:
+        await anyio.sleep(0.05)
+    local = await anyio.to_thread.run_sync(store.version_vector)
+    total = sum(max(0, top - local.get(o, 0)) for o, top in report.remote_vector.items()
+                if o != store.replica_id)
+    with click.progressbar(length=max(total, 1), label=f"pulling from {report.peer}",
+                           file=sys.stderr) as bar:
+        shown = 0
+        while True:
+            now = report.applied + report.total("duplicates")
+            bar.update(max(0, min(now, total) - shown))
+            shown = max(shown, min(now, total))
+            await anyio.sleep(0.1)
+
+
+def _record(palace: Any, targets: list[peers_mod.Peer], results: list[dict[str, Any]],
+            configured: bool) -> None:
+    """Remember outcomes for `logsync status`, for configured peers only."""
+    if not configured:
+        return
+    book = PeerBook.load(palace)
+    now = time.time()
+    for result in results:
+        peer = result["peer"]
+        state = book.get(peer.key, peer.url)
+        state.record_attempt(now)
+        if result["error"] is not None:
+            state.record_failure(result["error"], now)
+        else:
+            state.record_success(result["report"], now)
+    book.save(palace)
+
+
+def _print_result(result: dict[str, Any]) -> None:
+    stats = result["stats"]
+    name = stats.get("peer_name") or stats.get("peer_url")
+    if "error" in stats:
+        click.echo(f"  {name}: ERROR {stats['error']}")
+        return
+    click.echo(f"  {name} ({stats['peer_replica']}): +{stats['pulled_events']} events, "
+               f"+{stats['pulled_artifacts']} artifacts, {stats['conflicts']} conflicts, "
+               f"{stats['quarantined']} quarantined")
+    for origin, detail in sorted(stats["per_origin_detail"].items()):
+        if detail.get("applied") or detail.get("artifacts"):
+            click.echo(f"    {origin}: +{detail.get('applied', 0)} events, "
+                       f"+{detail.get('artifacts', 0)} artifacts")
+
+
+@cli.command("status")
+@json_option
+@click.pass_context
+@handles_errors
+def status_cmd(ctx: click.Context, as_json: bool) -> None:
+    """This replica, and how far behind each peer it is."""
+    palace = palace_of(ctx)
+    with open_store(ctx) as store:
+        local = store.version_vector()
+        payload: dict[str, Any] = {"replica_id": store.replica_id, "palace": str(palace),
+                                   "version_vector": local, **store.counts()}
+    book = PeerBook.load(palace)
+    configured = peers_mod.load_peers(palace)
+    payload["peers"] = [
+        book.get(p.key, p.url).as_upstream_peer_entry(local) for p in configured
+    ]
+    if as_json:
+        emit_json(payload)
+        return
+    click.echo(f"replica {payload['replica_id']}  ({palace})")
+    click.echo(f"events {payload['events']}  artifacts {payload['artifacts']}  "
+               f"conflicts {payload['conflicts']}  quarantined {payload['quarantined']}")
+    for origin, top in sorted(local.items()):
+        click.echo(f"  holds {origin} up to {top}")
+    if not payload["peers"]:
+        click.echo("no peers configured (logsync peers add NAME URL)")
+    for entry in payload["peers"]:
+        _print_peer(entry)
+
+
+def _print_peer(entry: dict[str, Any]) -> None:
+    reach = {True: "reachable", False: "UNREACHABLE", None: "never contacted"}[entry["reachable"]]
+    click.echo(f"peer {entry['name']} {entry['url']}: {reach}, last sync "
+               f"{entry['last_success_at'] or 'never'}")
+    if entry["last_error"]:
+        click.echo(f"    last error ({entry['last_error_at']}): {entry['last_error']}")
+    behind = {o: n for o, n in entry["drift"].items() if n}
+    if not behind and entry["remote_version_vector"] is not None:
+        click.echo("    in sync with what it had at the last round")
+    for origin, n in sorted(behind.items()):
+        click.echo(f"    {n} ops behind {origin}")
+
+
+@cli.group("peers")
+def peers_group() -> None:
+    """Manage peers.json (the upstream format)."""
+
+
+@peers_group.command("add")
+@click.argument("name")
+@click.argument("url")
+@click.option("--token", help="Bearer token for this peer.")
+@json_option
+@click.pass_context
+@handles_errors
+def peers_add(ctx: click.Context, as_json: bool, name: str, url: str, token: str | None) -> None:
+    """Add (or replace) peer NAME at URL."""
+    peer = peers_mod.add_peer(palace_of(ctx), name, url, token)
+    _print_peers([peer], as_json, "Added")
+
+
+@peers_group.command("remove")
+@click.argument("name")
+@json_option
+@click.pass_context
+@handles_errors
+def peers_remove(ctx: click.Context, as_json: bool, name: str) -> None:
+    """Remove the peer called NAME (or with that URL)."""
+    peer = peers_mod.remove_peer(palace_of(ctx), name)
+    _print_peers([peer], as_json, "Removed")
+
+
+@peers_group.command("list")
+@json_option
+@click.pass_context
+@handles_errors
+def peers_list(ctx: click.Context, as_json: bool) -> None:
+    """The configured peers (tokens are never shown)."""
+    _print_peers(peers_mod.load_peers(palace_of(ctx)), as_json, None)
+
+
+def _print_peers(peers: list[peers_mod.Peer], as_json: bool, verb: str | None) -> None:
+    public = [{"name": p.name, "url": p.url, "token_set": bool(p.token)} for p in peers]
+    if as_json:
+        emit_json({"peers": public} if verb is None else public[0])
+        return
+    for entry in public:
+        prefix = f"{verb} " if verb else ""
+        auth = " (token set)" if entry["token_set"] else ""
+        click.echo(f"{prefix}{entry['name'] or '-'}  {entry['url']}{auth}")
+    if verb is None and not public:
+        click.echo("no peers configured")
+
+
+@cli.command("conflicts")
+@click.option("--limit", type=int, default=100, show_default=True)
+@json_option
+@click.pass_context
+@handles_errors
+def conflicts_cmd(ctx: click.Context, as_json: bool, limit: int) -> None:
+    """Divergence found while applying remote ops (never overwritten, never silent)."""
+    with open_store(ctx) as store:
+        rows = store.list_conflicts(limit)
+    _print_ledger(rows, as_json, "conflicts", "detected_at")
+
+
+@cli.command("quarantine")
+@click.option("--limit", type=int, default=100, show_default=True)
+@json_option
+@click.pass_context
+@handles_errors
+def quarantine_cmd(ctx: click.Context, as_json: bool, limit: int) -> None:
+    """Remote ops refused by validation, kept verbatim with the reason."""
+    with open_store(ctx) as store:
+        rows = store.list_quarantine(limit)
+    _print_ledger(rows, as_json, "quarantined", "received_at")
+
+
+def _print_ledger(rows: list[dict[str, Any]], as_json: bool, noun: str, when: str) -> None:
+    if as_json:
+        emit_json({noun: rows, "count": len(rows)})
+        return
+    if not rows:
+        click.echo(f"no {noun} ops")
+    for row in rows:
+        click.echo(f"{row[when]}  {row['kind']}  {row['origin_replica']}#{row['origin_seq']}  "
+                   f"{row['item_id']}  x{row['times_seen']}: {row['reason']}")
+

@@ -1,0 +1,244 @@
+"""`logsync serve`: the HTTP server and one pull loop per peer, in one task group.
+
+Every background task has an owner (STYLE.md §7): the daemon's task group
+holds the uvicorn server, the peers.json watcher and one scope per peer; each
+peer scope holds its pull loop and its change-notification watcher. SIGINT or
+SIGTERM cancels the pull loops first -- a page being applied runs to its
+commit in its worker thread, because the store call is not abandoned on
+cancel -- then stops the server. Decisions about *when* to pull live in
+`engine.PullSchedule`; this module only keeps time and does I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import uvicorn
+from anyio.abc import TaskGroup
+
+from logsync import peers as peers_mod
+from logsync.client import PeerClient
+from logsync.defaults import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
+from logsync.engine import PullSchedule
+from logsync.errors import ConfigError, PeerError, PeerTransientError
+from logsync.peerstate import PeerBook
+from logsync.server import create_app, is_loopback_host
+from logsync.store import Store
+from logsync.watch import watch_stream
+
+log = logging.getLogger("logsync.daemon")
+
+PEERS_POLL_S = 1.0
+
+
+@dataclass
+class DaemonConfig:
+    palace: Path
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    interval: float = DEFAULT_INTERVAL_S
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    ca_file: str | None = None
+    notifications: bool = True
+    log_level: str = "info"
+    extra_hosts: tuple[str, ...] = ()
+
+    def check(self) -> None:
+        """Refuse settings that would expose the log or half-configure TLS."""
+        if not is_loopback_host(self.host) and not self.token:
+            raise ConfigError(
+                f"refusing to bind {self.host!r} without a token: a non-loopback bind "
+                "exposes every event and artifact; pass --token (or LOGSYNC_TOKEN)"
+            )
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("--tls-cert and --tls-key go together: pass both or neither")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port={self.port} is invalid: must be 0-65535")
+        if self.interval <= 0:
+            raise ConfigError(f"interval={self.interval} is invalid: must be > 0 seconds")
+
+
+@dataclass
+class _PeerTask:
+    peer: peers_mod.Peer
+    scope: anyio.CancelScope
+    wake: anyio.Event = field(default_factory=anyio.Event)
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the daemon owns SIGINT/SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Daemon:
+    """One replica: serves its store and pulls from every configured peer."""
+
+    def __init__(self, config: DaemonConfig, *, rng: random.Random | None = None) -> None:
+        config.check()
+        self.config = config
+        self.store = Store.open(config.palace)
+        self.book = PeerBook.load(config.palace)
+        self._rng = rng or random.Random()
+        self._tasks: dict[str, _PeerTask] = {}
+        self._peers_signature: tuple[int, int] | None = ("unread",)  # type: ignore[assignment]
+        self.app = create_app(
+            self.store, token=config.token, peer_state_provider=self.peer_entries,
+            bind_host=config.host, port=config.port or None,
+            extra_allowed_hosts=config.extra_hosts, sync_interval_s=config.interval,
+            scheme="https" if config.tls_cert else "http",
+        )
+        self.server = _QuietServer(uvicorn.Config(
+            self.app, host=config.host, port=config.port, log_level=config.log_level,
+            ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key, access_log=False,
+            lifespan="on",
+        ))
+
+    # ── the task tree ─────────────────────────────────────────────────
+
+    async def run(self) -> None:
+        """Serve and pull until SIGINT/SIGTERM."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._on_signals, tg)
+            pulls = anyio.CancelScope()
+            tg.start_soon(self._pull_all, pulls)
+            await self.server.serve()
+            pulls.cancel()
+            tg.cancel_scope.cancel()
+        self._save_state()
+
+    async def _on_signals(self, tg: TaskGroup) -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s: stopping pulls, then the server", signal.Signals(signum).name)
+                self._stop_pulls()
+                self.server.should_exit = True
+                return
+
+    def _stop_pulls(self) -> None:
+        for task in self._tasks.values():
+            task.scope.cancel()
+
+    async def _pull_all(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            while not self.server.started and not self.server.should_exit:
+                await anyio.sleep(0.02)
+            async with anyio.create_task_group() as tg:
+                while True:
+                    self._reload_peers(tg)
+                    await anyio.sleep(PEERS_POLL_S)
+
+    def _reload_peers(self, tg: TaskGroup) -> None:
+        """Start loops for new peers and stop them for removed ones, when peers.json changes."""
+        signature = peers_mod.file_signature(self.config.palace)
+        if signature == self._peers_signature:
+            return
+        self._peers_signature = signature
+        try:
+            wanted = {p.key: p for p in peers_mod.load_peers(self.config.palace)}
+        except ConfigError as exc:
+            log.error("%s; keeping the current peers", exc)
+            return
+        for key, task in list(self._tasks.items()):
+            if wanted.get(key) != task.peer:
+                task.scope.cancel()
+                del self._tasks[key]
+        self.book.retain(set(wanted))
+        for key, peer in wanted.items():
+            if key not in self._tasks:
+                task = _PeerTask(peer=peer, scope=anyio.CancelScope())
+                self._tasks[key] = task
+                tg.start_soon(self._peer_scope, task)
+
+    async def _peer_scope(self, task: _PeerTask) -> None:
+        with task.scope:
+            async with anyio.create_task_group() as tg:
+                if self.config.notifications:
+                    tg.start_soon(self._watch, task)
+                await self._pull_loop(task)
+
+    async def _watch(self, task: _PeerTask) -> None:
+        def changed() -> None:
+            task.wake.set()
+
+        await watch_stream(task.peer.url, task.peer.token, changed, rng=self._rng,
+                           verify=self.config.ca_file or True)
+
+    # ── one peer ──────────────────────────────────────────────────────
+
+    async def _pull_loop(self, task: _PeerTask) -> None:
+        """Anti-entropy on the schedule, plus a pull right after a change notification."""
+        schedule = PullSchedule(rng=self._rng, interval=self.config.interval)
+        schedule.start(anyio.current_time())
+        peer = task.peer
+        async with PeerClient(peer.url, peer.token, name=peer.key,
+                              ca_file=self.config.ca_file) as client:
+            while True:
+                await self._wait_until_due(task, schedule)
+                await self._one_round(client, task, schedule)
+
+    async def _wait_until_due(self, task: _PeerTask, schedule: PullSchedule) -> None:
+        while not schedule.is_due(anyio.current_time()):
+            wait = schedule.wait_time(anyio.current_time())
+            with anyio.move_on_after(wait if wait is not None else PEERS_POLL_S):
+                await task.wake.wait()
+            if task.wake.is_set():
+                task.wake = anyio.Event()
+                schedule.notified(anyio.current_time())
+
+    async def _one_round(self, client: PeerClient, task: _PeerTask, schedule: PullSchedule) -> None:
+        state = self.book.get(task.peer.key, task.peer.url)
+        schedule.begin(anyio.current_time())
+        state.record_attempt(time.time())
+        try:
+            report = await client.run_round(self.store)
+        except PeerError as exc:
+            log.warning("peer %s: %s", task.peer.key, exc)
+            state.record_failure(exc, time.time())
+            hint = exc.retry_after if isinstance(exc, PeerTransientError) else None
+            schedule.failed(anyio.current_time(), hint)
+        else:
+            state.record_success(report, time.time())
+            if report.applied:
+                log.info("peer %s: +%d events, +%d artifacts", task.peer.key, report.applied,
+                         report.artifacts)
+                self.app.state.notifier.notify()
+            if task.wake.is_set():
+                task.wake = anyio.Event()
+                schedule.notified(anyio.current_time())
+            schedule.succeeded(anyio.current_time())
+        await anyio.to_thread.run_sync(self._save_state)
+
+    # ── state shared with the server and `logsync status` ─────────────
+
+    def peer_entries(self) -> list[dict[str, Any]]:
+        local = self.store.version_vector()
+        return [s.as_upstream_peer_entry(local) for _, s in sorted(self.book.peers.items())]
+
+    def _save_state(self) -> None:
+        try:
+            self.book.save(self.config.palace)
+        except OSError as exc:
+            log.error("cannot save peer state in %s: %s", self.config.palace, exc)
+
+
+def serve(config: DaemonConfig) -> None:
+    """Run a daemon until a signal stops it (blocking)."""
+    daemon = Daemon(config)
+    try:
+        anyio.run(daemon.run)
+    finally:
+        daemon.store.close()

@@ -1,0 +1,148 @@
+"""`peers.json` in the palace directory, in the upstream format.
+
+    {"peers": [{"name": "laptop", "url": "http://127.0.0.1:8742", "token": "..."}]}
+
+Only `url` is required (a peer without a name is known by its URL). The file
+holds tokens, so it is written atomically with mode 0600. A MemPalace hub
+reads the same file, so one palace can be served by either program.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from logsync.errors import ConfigError, NotFoundError, ValidationError
+
+PEERS_FILENAME = "peers.json"
+
+
+@dataclass(frozen=True)
+class Peer:
+    url: str
+    name: str | None = None
+    token: str | None = None
+
+    @property
+    def key(self) -> str:
+        """How state and logs name this peer."""
+        return self.name or self.url
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.name:
+            out["name"] = self.name
+        out["url"] = self.url
+        if self.token:
+            out["token"] = self.token
+        return out
+
+
+def check_url(url: object) -> str:
+    """An http(s) URL with a host; the trailing slash dropped."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValidationError(f"peer url={url!r} is invalid: must be an http:// or https:// URL")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValidationError(
+            f"peer url={url!r} is invalid: must be an http:// or https:// URL with a host"
+        )
+    return url.strip().rstrip("/")
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > 128 or any(
+        ord(c) < 0x20 for c in name
+    ):
+        raise ValidationError(
+            f"peer name={name!r} is invalid: must be 1-128 printable characters"
+        )
+    return name.strip()
+
+
+def peers_path(palace: Path) -> Path:
+    return Path(palace) / PEERS_FILENAME
+
+
+def load_peers(palace: Path) -> list[Peer]:
+    """The configured peers; a missing file means none, a malformed one is an error."""
+    path = peers_path(palace)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc})") from None
+    entries = data.get("peers") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path} must be an object with a 'peers' list")
+    return [_peer_from(entry, path, i) for i, entry in enumerate(entries)]
+
+
+def _peer_from(entry: object, path: Path, index: int) -> Peer:
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{path}: peers[{index}] must be an object with a 'url'")
+    try:
+        url = check_url(entry.get("url"))
+        name = entry.get("name")
+        name = check_name(name) if name not in (None, "") else None
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: peers[{index}]: {exc}") from None
+    token = entry.get("token")
+    if token is not None and not isinstance(token, str):
+        raise ConfigError(f"{path}: peers[{index}].token must be a string")
+    return Peer(url=url, name=name, token=token or None)
+
+
+def save_peers(palace: Path, peers: list[Peer]) -> Path:
+    """Atomic, 0600: the file holds bearer tokens."""
+    path = peers_path(palace)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps({"peers": [p.to_json() for p in peers]}, indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".peers.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def add_peer(palace: Path, name: str, url: str, token: str | None) -> Peer:
+    """Add or replace the peer called `name`."""
+    peer = Peer(url=check_url(url), name=check_name(name), token=token or None)
+    peers = [p for p in load_peers(palace) if p.key != peer.name and p.url != peer.url]
+    save_peers(palace, [*peers, peer])
+    return peer
+
+
+def remove_peer(palace: Path, name_or_url: str) -> Peer:
+    peers = load_peers(palace)
+    keep = [p for p in peers if name_or_url not in (p.name, p.url)]
+    if len(keep) == len(peers):
+        raise NotFoundError(f"no peer named {name_or_url!r} in {peers_path(palace)}")
+    save_peers(palace, keep)
+    return next(p for p in peers if name_or_url in (p.name, p.url))
+
+
+def file_signature(palace: Path) -> tuple[int, int] | None:
+    """(mtime_ns, size) of peers.json, so the daemon re-reads it only when it changes."""
+    try:
+        st = peers_path(palace).stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size
