@@ -1,0 +1,742 @@
+"""The sans-IO engine, its schedule and the per-peer state, against real stores.
+
+A fake peer is a plain function from `Request` to the answer a peer would send,
+serving from a real Store; faults are injected by wrapping it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from logsync import engine
+from logsync.engine import Batch, PullSchedule, Request, RoundReport, drive, pull_round
+from logsync.errors import (
+    ConfigError,
+    PeerProtocolError,
+    PeerTransientError,
+    ValidationError,
+)
+from logsync.peerstate import PEER_STATE_FILENAME, PeerBook, PeerState, drift
+from logsync.store import Store
+
+UPSTREAM_OPS_KEYS = {"origin", "after", "limit"}
+
+
+class FakePeer:
+    """A peer serving one Store, upstream-shaped unless `advert` is given."""
+
+    def __init__(self, store: Store, advert: dict | None = None) -> None:
+        self.store = store
+        self.advert = advert
+        self.log: list[Request] = []
+        self.missing: set[str] = set()
+
+    def __call__(self, request: Request) -> Any:
+        self.log.append(request)
+        handler = {
+            "/sync/version_vector": self.vector,
+            "/sync/ops": self.ops,
+            "/sync/artifact": self.artifact,
+        }[request.path]
+        return handler(request.params)
+
+    def vector(self, params: dict) -> dict:
+        answer: dict[str, Any] = {
+            "replica_id": self.store.replica_id,
+            "version_vector": self.store.version_vector(),
+        }
+        if self.advert is not None:
+            answer["logsync"] = self.advert
+        return answer
+
+    def ops(self, params: dict) -> dict:
+        ext = set(str(params.get("ext", "")).split(","))
+        cap = 500 if "large_pages" not in ext else 5000
+        events = self.store.list_ops(params["origin"], params["after"], params["limit"],
+                                     max_limit=cap)
+        answer: dict[str, Any] = {"origin": params["origin"], "events": events,
+                                  "count": len(events)}
+        if "inline_artifacts" in ext:
+            ids = {a for e in events for a in e["artifact_ids"]}
+            answer["artifacts"] = self.store.get_artifacts(ids)
+        return answer
+
+    def artifact(self, params: dict) -> dict | None:
+        if params["id"] in self.missing:
+            return None
+        found = self.store.get_artifact(params["id"])
+        return None if found is None else {"artifact": found}
+
+    def ops_requests(self) -> list[Request]:
+        return [r for r in self.log if r.path == "/sync/ops"]
+
+    def artifact_requests(self) -> list[Request]:
+        return [r for r in self.log if r.path == "/sync/artifact"]
+
+
+def open_store(root: Path, name: str) -> Store:
+    return Store.open(root / name)
+
+
+def append(store: Store, count: int, **fields: Any) -> list[dict]:
+    return [store.append_event("task.ask", "s", "r", "alice", body=f"op {i}", **fields)
+            for i in range(count)]
+
+
+def comparable(store: Store) -> dict[str, dict]:
+    """Every event by id, without the local `seq`."""
+    return {e["id"]: {k: v for k, v in e.items() if k != "seq"} for e in store.iter_events()}
+
+
+def pull(store: Store, peer: Callable[[Request], Any], **options: Any) -> RoundReport:
+    return drive(pull_round(store, "peer-a", **options), peer)
+
+
+@pytest.fixture
+def stores(tmp_path: Path):
+    opened = {name: open_store(tmp_path, name) for name in ("a", "b", "c")}
+    yield opened
+    for store in opened.values():
+        store.close()
+
+
+# ── what a round pulls ──────────────────────────────────────────────
+
+
+def test_pulls_exactly_the_missing_ranges(stores):
+    a, b, c = stores["a"], stores["b"], stores["c"]
+    append(a, 3)
+    append(c, 4)
+    assert pull(a, FakePeer(c)).applied == 4          # a now relays c's origin
+    assert pull(b, FakePeer(a), page_limit=2).applied == 7
+    append(a, 5)
+    append(c, 2)
+    pull(a, FakePeer(c))
+    peer = FakePeer(a)
+    report = pull(b, peer, page_limit=2)
+    asked = [(r.params["origin"], r.params["after"]) for r in peer.ops_requests()]
+    assert asked == sorted(asked)                   # one origin at a time, in order
+    by_origin = {o: [after for origin, after in asked if origin == o] for o, _ in asked}
+    assert by_origin[a.replica_id] == [3, 5, 7]
+    assert by_origin[c.replica_id] == [4]
+    assert report.origins[a.replica_id].applied == 5
+    assert report.origins[c.replica_id].applied == 2
+    assert comparable(b) == comparable(a)
+    assert b.version_vector() == a.version_vector()
+
+
+def test_never_pulls_its_own_origin(stores):
+    a, b = stores["a"], stores["b"]
+    append(b, 3)
+    append(a, 2)
+    pull(a, FakePeer(b))
+    peer = FakePeer(a)
+    report = pull(b, peer)
+    assert b.replica_id in report.remote_vector
+    assert all(r.params["origin"] != b.replica_id for r in peer.ops_requests())
+    assert b.replica_id not in report.origins
+
+
+def test_second_round_pulls_nothing(stores):
+    a, b = stores["a"], stores["b"]
+    art = a.put_artifact("patch", "--- a\n+++ b\n", "alice")
+    append(a, 4, artifact_ids=[art["id"]])
+    first = pull(b, FakePeer(a))
+    assert (first.applied, first.artifacts) == (4, 1)
+    peer = FakePeer(a)
+    second = pull(b, peer)
+    assert second.applied == 0 and second.origins == {}
+    assert [r.path for r in peer.log] == ["/sync/version_vector"]
+    assert second.as_upstream_stats("http://a")["per_origin"] == {}
+
+
+# ── termination against lying or broken peers ───────────────────────
+
+
+def test_lying_vector_ends_with_a_short_page(stores):
+    a, b = stores["a"], stores["b"]
+    append(a, 5)
+    honest = FakePeer(a)
+
+    def liar(request: Request) -> Any:
+        answer = honest(request)
+        if request.path == "/sync/version_vector":
+            answer["version_vector"] = {a.replica_id: 10**12}
+        return answer
+
+    report = pull(b, liar, page_limit=2)
+    progress = report.origins[a.replica_id]
+    assert progress.applied == 5
+    assert progress.stop_reason == engine.STOP_SHORT
+    assert len(honest.ops_requests()) == 3
+    assert len(honest.ops_requests()) <= engine.page_bound(0, 5, 2)
+
+
+def test_vector_promising_an_origin_it_never_serves_stops_after_one_page(stores):
+    a, b, c = stores["a"], stores["b"], stores["c"]
+    append(a, 2)
+    honest = FakePeer(a)
+
+    def liar(request: Request) -> Any:
+        answer = honest(request)
+        if request.path == "/sync/version_vector":
+            answer["version_vector"][c.replica_id] = 50
+        return answer
+
+    report = pull(b, liar)
+    assert report.origins[c.replica_id].stop_reason == engine.STOP_EMPTY
+    assert report.origins[a.replica_id].applied == 2
+    assert sum(r.params["origin"] == c.replica_id for r in honest.ops_requests()) == 1
+
+
+def test_page_that_does_not_advance_is_rejected_and_loop_ends(stores):
+    a, b = stores["a"], stores["b"]
+    append(a, 6)
+    honest = FakePeer(a)
+
+    def stuck(request: Request) -> Any:
+        if request.path == "/sync/ops":
+            request = Request(request.path, {**request.params, "after": 0})
+        return honest(request)
+
+    with pytest.raises(PeerProtocolError, match="peer-a.*origin_seq=1.*above 2"):
+        pull(b, stuck, page_limit=2)
+    assert b.version_vector() == {a.replica_id: 2}
+
+
+def mutate_page(store: Store, change: Callable[[list[dict]], None]) -> Callable[[Request], Any]:
+    honest = FakePeer(store)
+
+    def peer(request: Request) -> Any:
+        answer = honest(request)
+        if request.path == "/sync/ops":
+            change(answer["events"])
+        return answer
+
+    return peer
+
+
+def test_op_of_another_origin_rejects_the_whole_page(stores):
+    a, b, c = stores["a"], stores["b"], stores["c"]
+    append(a, 4)
+
+    def forge(events: list[dict]) -> None:
+        events[2]["origin_replica"] = c.replica_id
+
+    with pytest.raises(PeerProtocolError, match="events\\[2\\] of origin") as caught:
+        pull(b, mutate_page(a, forge))
+    assert caught.value.peer == "peer-a"
+    assert "nothing of it was stored" in str(caught.value)
+    assert b.counts()["events"] == 0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda ev: ev.reverse(),
+        lambda ev: ev.__setitem__(1, dict(ev[1], origin_seq=ev[0]["origin_seq"])),
+        lambda ev: ev.__setitem__(0, dict(ev[0], origin_seq="1")),
+        lambda ev: ev.__setitem__(0, dict(ev[0], origin_seq=True)),
+        lambda ev: ev.__setitem__(0, "not an event"),
+    ],
+    ids=["reversed", "repeated", "string-seq", "bool-seq", "not-an-object"],
+)
+def test_bad_sequence_rejects_the_page_with_nothing_stored(stores, change):
+    a, b = stores["a"], stores["b"]
+    append(a, 3)
+    with pytest.raises(PeerProtocolError):
+        pull(b, mutate_page(a, change))
+    assert b.counts()["events"] == 0
+
+
+def test_page_longer_than_asked_is_rejected(stores):
+    a, b = stores["a"], stores["b"]
+    append(a, 5)
+    honest = FakePeer(a)
+
+    def generous(request: Request) -> Any:
+        if request.path == "/sync/ops":
+            request = Request(request.path, {**request.params, "limit": 500})
+        return honest(request)
+
+    with pytest.raises(PeerProtocolError, match="holds 5 ops but at most 2"):
+        pull(b, generous, page_limit=2)
+    assert b.counts()["events"] == 0
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        (["not", "a", "dict"], "answered list, not an object"),
+        ({"replica_id": "bob", "version_vector": {}}, "replica_id='bob'"),
+        ({"replica_id": "rep_" + "a" * 32}, "version_vector=None"),
+        ({"replica_id": "rep_" + "a" * 32, "version_vector": {"rep_" + "b" * 32: -1}},
+         "=-1; expected a non-negative integer"),
+        ({"replica_id": "rep_" + "a" * 32, "version_vector": {"rep_" + "b" * 32: "7"}},
+         "='7'"),
+        ({"replica_id": "rep_" + "a" * 32, "version_vector": {"rep_" + "b" * 32: False}},
+         "=False"),
+    ],
+)
+def test_malformed_vector_answer_names_peer_and_problem(stores, answer, problem):
+    with pytest.raises(PeerProtocolError, match="peer-a") as caught:
+        pull(stores["b"], lambda request: answer)
+    assert problem in str(caught.value)
+
+
+def test_origin_that_is_not_a_replica_id_is_skipped_not_fatal(stores):
+    a, b = stores["a"], stores["b"]
+    append(a, 2)
+    honest = FakePeer(a)
+
+    def odd(request: Request) -> Any:
+        answer = honest(request)
+        if request.path == "/sync/version_vector":
+            answer["version_vector"]["legacy-origin"] = 3
+        return answer
+
+    report = pull(b, odd)
+    assert report.applied == 2
+    assert "legacy-origin" in report.skipped_origins
+    assert all(r.params["origin"] != "legacy-origin" for r in honest.ops_requests())
+
+
+def test_store_refusing_a_page_becomes_a_protocol_error_naming_the_peer(stores):
+    a, b = stores["a"], stores["b"]
+    append(a, 1)
+
+    class Refusing:
+        replica_id = b.replica_id
+
+        def version_vector(self):
+            return {}
+
+        def missing_artifacts(self, ids):
+            return list(ids)
+
+        def apply_remote(self, events, artifacts):
+            raise ValidationError("events[0].body is 300000 bytes: the maximum is 262144")
+
+    with pytest.raises(PeerProtocolError, match="peer-a: page for origin .* refused by the store"):
+        drive(pull_round(Refusing(), "peer-a"), FakePeer(a))
+
+
+# ── artifacts ───────────────────────────────────────────────────────
+
+
+class RecordingStore:
+    """A real store that logs apply_remote calls into a shared timeline."""
+
+    def __init__(self, store: Store, timeline: list) -> None:
+        self.store = store
+        self.timeline = timeline
+        self.replica_id = store.replica_id
+
+    def version_vector(self):
+        return self.store.version_vector()
+
+    def missing_artifacts(self, ids):
+        return self.store.missing_artifacts(ids)
+
+    def apply_remote(self, events, artifacts):
+        self.timeline.append(("apply", [e["id"] for e in events], [x["id"] for x in artifacts]))
+        return self.store.apply_remote(events, artifacts)
+
+
+def test_artifacts_are_fetched_before_the_page_that_names_them_is_applied(stores):
+    a, b = stores["a"], stores["b"]
+    first = a.put_artifact("patch", "diff one\n", "alice")
+    second = a.put_artifact("note", "two", "alice")
+    append(a, 1)
+    event = a.append_event("patch.ready", "s", "r", "alice",
+                           artifact_ids=[first["id"], second["id"]])
+    timeline: list = []
+    peer = FakePeer(a)
+
+    def logged(request: Request) -> Any:
+        timeline.append((request.path, dict(request.params)))
+        return peer(request)
+
+    report = drive(pull_round(RecordingStore(b, timeline), "peer-a"), logged)
+    fetches = [i for i, step in enumerate(timeline) if step[0] == "/sync/artifact"]
+    applies = [i for i, step in enumerate(timeline) if step[0] == "apply"]
+    assert len(fetches) == 2 and len(applies) == 1
+    assert max(fetches) < applies[0]
+    assert sorted(timeline[applies[0]][2]) == sorted([first["id"], second["id"]])
+    assert report.artifacts == 2
+    assert b.get_event(event["id"])["artifact_ids"] == sorted([first["id"], second["id"]])
+    assert b.get_artifact(first["id"])["content"] == "diff one\n"
+
+
+def test_artifacts_already_held_are_not_fetched(stores):
+    a, b = stores["a"], stores["b"]
+    art = a.put_artifact("note", "shared", "alice")
+    append(a, 1, artifact_ids=[art["id"]])
+    pull(b, FakePeer(a))
+    append(a, 2, artifact_ids=[art["id"]])
+    peer = FakePeer(a)
+    assert pull(b, peer).applied == 2
+    assert peer.artifact_requests() == []
+
+
+def test_batched_artifact_fetches_are_one_batch_step(stores):
+    a, b = stores["a"], stores["b"]
+    ids = [a.put_artifact("note", f"n{i}", "alice")["id"] for i in range(3)]
+    append(a, 1, artifact_ids=ids)
+    peer = FakePeer(a)
+    gen = pull_round(b, "peer-a", batch_artifacts=True)
+    steps = []
+    answer = None
+    try:
+        while True:
+            step = gen.send(answer)
+            steps.append(step)
+            answer = ([peer(r) for r in step.requests] if isinstance(step, Batch)
+                      else peer(step))
+    except StopIteration as stop:
+        report = stop.value
+    batches = [s for s in steps if isinstance(s, Batch)]
+    assert len(batches) == 1 and len(batches[0].requests) == 3
+    assert report.artifacts == 3 and report.requests == 5
+
+
+def test_missing_artifact_quarantines_its_origin_and_other_origins_go_on(stores):
+    a, b, c = stores["a"], stores["b"], stores["c"]
+    append(c, 3)
+    pull(a, FakePeer(c))
+    art = a.put_artifact("note", "lost", "alice")
+    append(a, 1)
+    append(a, 1, artifact_ids=[art["id"]])
+    append(a, 1)
+    peer = FakePeer(a)
+    peer.missing.add(art["id"])
+    report = pull(b, peer)
+    stuck = report.origins[a.replica_id]
+    assert (stuck.applied, stuck.quarantined, stuck.artifacts_missing) == (1, 1, 1)
+    assert stuck.stop_reason.startswith(engine.STOP_STORE)
+    assert a.replica_id in report.stopped_origins()
+    assert report.origins[c.replica_id].applied == 3
+    assert b.version_vector() == {a.replica_id: 1, c.replica_id: 3}
+    assert b.counts()["quarantined"] == 1
+
+
+def test_malformed_artifact_answer_is_a_protocol_error(stores):
+    a, b = stores["a"], stores["b"]
+    art = a.put_artifact("note", "x", "alice")
+    append(a, 1, artifact_ids=[art["id"]])
+    honest = FakePeer(a)
+
+    def wrong(request: Request) -> Any:
+        if request.path == "/sync/artifact":
+            return {"artifact": {"id": "art_someone_else"}}
+        return honest(request)
+
+    with pytest.raises(PeerProtocolError, match="expected {'artifact'"):
+        pull(b, wrong)
+    assert b.counts() == {"events": 0, "artifacts": 0, "conflicts": 0, "quarantined": 0}
+
+
+# ── extensions ──────────────────────────────────────────────────────
+
+ADVERT = {"version": "0.1.0", "extensions": ["msgpack", "large_pages", "inline_artifacts"],
+          "max_page": 2000}
+
+
+def test_inline_artifacts_used_when_advertised(stores):
+    a, b = stores["a"], stores["b"]
+    ids = [a.put_artifact("note", f"n{i}", "alice")["id"] for i in range(3)]
+    append(a, 2, artifact_ids=ids)
+    peer = FakePeer(a, advert=ADVERT)
+    report = pull(b, peer)
+    assert peer.artifact_requests() == []
+    ops = peer.ops_requests()[0]
+    assert ops.params["ext"] == "large_pages,inline_artifacts"
+    assert ops.params["limit"] == 2000 and ops.accept_msgpack
+    assert (report.applied, report.artifacts) == (2, 3)
+    assert sorted(report.extensions) == ["inline_artifacts", "large_pages", "msgpack"]
+
+
+def test_artifacts_left_out_of_an_inline_page_are_fetched_one_by_one(stores):
+    a, b = stores["a"], stores["b"]
+    ids = [a.put_artifact("note", f"n{i}", "alice")["id"] for i in range(3)]
+    append(a, 1, artifact_ids=ids)
+    honest = FakePeer(a, advert=ADVERT)
+
+    def partial(request: Request) -> Any:
+        answer = honest(request)
+        if request.path == "/sync/ops":
+            answer["artifacts"] = answer["artifacts"][:1]
+        return answer
+
+    report = pull(b, partial)
+    assert len(honest.artifact_requests()) == 2
+    assert report.artifacts == 3 and report.applied == 1
+
+
+def test_mempalace_shaped_peer_gets_upstream_requests_only(stores):
+    a, b = stores["a"], stores["b"]
+    art = a.put_artifact("note", "n", "alice")
+    append(a, 3, artifact_ids=[art["id"]])
+    peer = FakePeer(a)
+    report = pull(b, peer, page_limit=5000)
+    for request in peer.log:
+        assert not request.accept_msgpack
+    for request in peer.ops_requests():
+        assert set(request.params) == UPSTREAM_OPS_KEYS
+        assert request.params["limit"] == 500
+    assert len(peer.artifact_requests()) == 1
+    assert report.extensions == [] and report.applied == 3
+
+
+def test_extensions_can_be_declined_and_malformed_adverts_ignored(stores):
+    a, b = stores["a"], stores["b"]
+    append(a, 1)
+    peer = FakePeer(a, advert=ADVERT)
+    pull(b, peer, use_extensions=False)
+    assert "ext" not in peer.ops_requests()[0].params
+    assert engine.parse_extensions({"logsync": "yes"}) == engine.Extensions()
+    assert engine.parse_extensions(
+        {"logsync": {"extensions": ["large_pages"], "max_page": 10**9}}
+    ).max_page_limit == engine.LARGE_PAGE_CEILING
+    assert engine.parse_extensions(
+        {"logsync": {"extensions": ["large_pages"], "max_page": "many"}}
+    ).max_page_limit == engine.UPSTREAM_PAGE_LIMIT
+
+
+def test_page_limit_must_be_positive(stores):
+    a, b = stores["a"], stores["b"]
+    append(a, 1)
+    with pytest.raises(ValidationError, match="page_limit=0"):
+        pull(b, FakePeer(a), page_limit=0)
+
+
+def test_errors_thrown_in_propagate_and_keep_partial_progress(stores):
+    a, b, c = stores["a"], stores["b"], stores["c"]
+    append(c, 2)
+    pull(a, FakePeer(c))
+    append(a, 2)
+    honest = FakePeer(a)
+    first_origin = sorted([a.replica_id, c.replica_id])[0]
+
+    def flaky(request: Request) -> Any:
+        if request.path == "/sync/ops" and request.params["origin"] != first_origin:
+            raise PeerTransientError("peer-a: GET /sync/ops timed out", peer="peer-a")
+        return honest(request)
+
+    report = RoundReport(peer="peer-a")
+    with pytest.raises(PeerTransientError):
+        drive(pull_round(b, "peer-a", report=report), flaky)
+    assert report.applied == 2 and b.version_vector() == {first_origin: 2}
+    assert pull(b, FakePeer(a)).applied == 2
+
+
+def test_report_as_upstream_stats_has_the_upstream_shape(stores):
+    a, b = stores["a"], stores["b"]
+    append(a, 2)
+    report = pull(b, FakePeer(a))
+    stats = report.as_upstream_stats("http://127.0.0.1:1")
+    assert list(stats) == ["peer_url", "peer_replica", "pulled_events", "pulled_artifacts",
+                           "per_origin", "remote_version_vector", "remote_profile",
+                           "remote_profiles"]
+    assert stats["per_origin"] == {a.replica_id: 2}
+    assert stats["peer_replica"] == a.replica_id
+    full = report.as_dict()
+    json.dumps(full)
+    assert full["totals"]["applied"] == 2 and full["requests"] == 2
+
+
+# ── convergence property ────────────────────────────────────────────
+
+NODES = ("n0", "n1", "n2")
+action = st.one_of(
+    st.tuples(st.just("append"), st.sampled_from(NODES), st.integers(1, 4)),
+    st.tuples(st.just("pull"), st.sampled_from(NODES), st.sampled_from(NODES),
+              st.integers(1, 5), st.integers(0, 6)),
+)
+
+
+def interrupted(peer: FakePeer, fail_at: int) -> Callable[[Request], Any]:
+    """The peer, but the `fail_at`-th request of the round (0 = never) times out."""
+    count = [0]
+
+    def perform(request: Request) -> Any:
+        count[0] += 1
+        if count[0] == fail_at:
+            raise PeerTransientError("timed out", peer="x")
+        return peer(request)
+
+    return perform
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(action, max_size=18), st.booleans())
+def test_replicas_pulling_from_each_other_in_any_interleaving_converge(actions, extensions):
+    with tempfile.TemporaryDirectory() as tmp:
+        nodes = {name: open_store(Path(tmp), name) for name in NODES}
+        try:
+            advert = ADVERT if extensions else None
+            for step in actions:
+                if step[0] == "append":
+                    art = nodes[step[1]].put_artifact("note", f"{step}", "agent")
+                    append(nodes[step[1]], step[2], artifact_ids=[art["id"]])
+                elif step[1] != step[2]:
+                    peer = interrupted(FakePeer(nodes[step[2]], advert), step[4])
+                    try:
+                        drive(pull_round(nodes[step[1]], step[2], page_limit=step[3]), peer)
+                    except PeerTransientError:
+                        pass
+            for puller in NODES:
+                for source in NODES:
+                    if puller != source:
+                        drive(pull_round(nodes[puller], source), FakePeer(nodes[source], advert))
+            views = [comparable(nodes[n]) for n in NODES]
+            vectors = [nodes[n].version_vector() for n in NODES]
+            artifacts = [list(nodes[n].iter_artifacts()) for n in NODES]
+            assert views[0] == views[1] == views[2]
+            assert vectors[0] == vectors[1] == vectors[2]
+            assert artifacts[0] == artifacts[1] == artifacts[2]
+            assert all(nodes[n].counts()["conflicts"] == 0 for n in NODES)
+        finally:
+            for store in nodes.values():
+                store.close()
+
+
+# ── the pull schedule ───────────────────────────────────────────────
+
+
+def schedule(**options: Any) -> PullSchedule:
+    return PullSchedule(random.Random(7), **options)
+
+
+def test_first_round_is_due_at_start():
+    plan = schedule(interval=15)
+    assert plan.wait_time(100.0) is None
+    assert plan.start(100.0) == 100.0 and plan.is_due(100.0)
+
+
+def test_success_schedules_the_next_round_within_the_jitter():
+    plan = schedule(interval=10, jitter=0.2)
+    plan.start(0)
+    dues = []
+    for now in range(0, 200, 20):
+        plan.begin(now)
+        assert not plan.is_due(now + 1000)
+        dues.append(plan.succeeded(now) - now)
+    assert all(8 <= d <= 12 for d in dues) and len(set(dues)) > 1
+
+
+def test_failures_back_off_exponentially_up_to_the_cap():
+    plan = schedule(backoff_base=1, backoff_cap=8)
+    plan.start(0)
+    delays = []
+    for _ in range(7):
+        plan.begin(0)
+        delays.append(plan.failed(0))
+    bounds = [1, 2, 4, 8, 8, 8, 8]
+    assert all(b / 2 <= d <= b for d, b in zip(delays, bounds, strict=True))
+    plan.begin(0)
+    assert plan.succeeded(0) >= 15 * 0.9 and plan.failures == 0
+
+
+def test_retry_after_is_honoured_even_by_notifications():
+    plan = schedule(backoff_base=1, debounce=0.05)
+    plan.start(0)
+    plan.begin(0)
+    assert plan.failed(0, retry_after=30) == 30
+    assert plan.notified(5) == 30
+
+
+def test_notifications_pull_soon_and_bursts_collapse():
+    plan = schedule(interval=15, debounce=0.5)
+    plan.start(0)
+    plan.begin(0)
+    plan.succeeded(0)
+    assert plan.notified(3.0) == 3.5
+    assert plan.notified(3.2) == 3.5
+    assert plan.is_due(3.5) and not plan.is_due(3.4)
+
+
+def test_notification_during_a_round_triggers_another_right_after():
+    plan = schedule(interval=15, debounce=0.25)
+    plan.start(0)
+    plan.begin(0)
+    assert plan.notified(1) is None
+    assert plan.succeeded(2) == 2.25
+
+
+def test_schedule_settings_are_checked():
+    with pytest.raises(ValidationError, match="interval=-1"):
+        schedule(interval=-1)
+    with pytest.raises(ValidationError, match="jitter=1.5"):
+        schedule(jitter=1.5)
+
+
+# ── per-peer state ──────────────────────────────────────────────────
+
+
+def test_drift_is_what_the_peer_holds_beyond_us():
+    assert drift({"r1": 10, "r2": 3, "r3": 4}, {"r1": 4, "r2": 5}) == {"r1": 6, "r3": 4}
+
+
+def test_peer_state_transitions_and_upstream_entry(stores):
+    a, b = stores["a"], stores["b"]
+    append(a, 3)
+    state = PeerState(name="laptop", url="http://127.0.0.1:9")
+    state.record_attempt(1000.0)
+    state.record_failure(PeerTransientError("peer laptop: GET /sync/version_vector timed out"),
+                         1000.0)
+    assert (state.reachable, state.last_error_kind, state.consecutive_failures) == (
+        False, "transient", 1)
+    report = pull(b, FakePeer(a))
+    state.record_success(report, 1_700_000_000.0)
+    entry = state.as_upstream_peer_entry()
+    assert list(entry)[:11] == ["name", "url", "replica_id", "reachable", "last_error",
+                                "last_error_at", "last_success_at", "last_pulled_events",
+                                "last_pulled_artifacts", "remote_version_vector", "profile"]
+    assert entry["reachable"] is True and entry["last_error"] is None
+    assert entry["last_success_at"] == "2023-11-14T22:13:20Z"
+    assert entry["last_error_at"] == "1970-01-01T00:16:40Z"
+    assert entry["replica_id"] == a.replica_id and entry["last_pulled_events"] == 3
+    assert entry["drift"] == {} and entry["consecutive_failures"] == 0
+    append(a, 2)
+    assert state.as_upstream_peer_entry()["drift"] == {}
+    behind = pull(b, FakePeer(a), page_limit=1, use_extensions=False)
+    assert behind.applied == 2
+    stale = {a.replica_id: 3}
+    state.remote_version_vector = a.version_vector()
+    assert state.as_upstream_peer_entry(stale)["drift"] == {a.replica_id: 2}
+    assert state.as_upstream_peer_entry(stale)["drift_total"] == 2
+
+
+def test_peer_book_round_trips_through_the_palace_atomically(tmp_path):
+    book = PeerBook()
+    state = book.get("laptop", "http://127.0.0.1:9")
+    state.record_failure(PeerProtocolError("peer laptop: bad page"), 5.0)
+    book.get("desk", "http://127.0.0.1:10").remote_version_vector = {"rep_" + "1" * 32: 4}
+    path = book.save(tmp_path)
+    assert path.name == PEER_STATE_FILENAME
+    assert [p.name for p in tmp_path.iterdir()] == [PEER_STATE_FILENAME]
+    again = PeerBook.load(tmp_path)
+    assert again.to_json() == book.to_json()
+    assert again.peers["laptop"].last_error == "peer laptop: bad page"
+    again.retain({"desk"})
+    assert list(again.peers) == ["desk"]
+    assert PeerBook.load(tmp_path / "nowhere").peers == {}
+
+
+def test_corrupt_peer_state_is_one_clear_error(tmp_path):
+    (tmp_path / PEER_STATE_FILENAME).write_text("{not json", encoding="utf-8")
+    with pytest.raises(ConfigError, match="is not valid JSON"):
+        PeerBook.load(tmp_path)
+    (tmp_path / PEER_STATE_FILENAME).write_text('{"peers": {"x": {"url": 1}}}')
+    with pytest.raises(ConfigError, match="not an object with a name"):
+        PeerBook.load(tmp_path)
