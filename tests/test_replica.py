@@ -99,26 +99,31 @@ def test_is_replica_id_shapes() -> None:
         assert not is_replica_id(bad)
 
 
+def _race_threads(palace: Path, n: int) -> tuple[list[str], list[BaseException]]:
+    barrier = threading.Barrier(n)
+    results: list[str] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        barrier.wait()
+        try:
+            results.append(get_replica_id(palace))
+        except BaseException as exc:  # recorded, asserted by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    return results, errors
+
+
 def test_concurrent_first_opens_in_threads_agree_on_one_id(tmp_path: Path) -> None:
     """Threads of one process racing the first open must not fork the identity."""
     for trial in range(25):
         palace = tmp_path / f"t{trial}"
-        barrier = threading.Barrier(6)
-        results: list[str] = []
-        errors: list[BaseException] = []
-
-        def run(palace: Path = palace, barrier: threading.Barrier = barrier) -> None:
-            barrier.wait()
-            try:
-                results.append(get_replica_id(palace))
-            except BaseException as exc:  # recorded, asserted below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run) for _ in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=10)
+        results, errors = _race_threads(palace, 6)
         assert errors == [], f"trial {trial}: {errors[:2]}"
         final = read_replica_id(palace)
         assert set(results) == {final}, f"trial {trial}"
