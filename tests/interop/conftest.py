@@ -23,6 +23,7 @@ from .hub import (
     free_port,
     hub_argv,
     logsync_argv,
+    logsync_env,
 )
 
 LAB_KEY = pytest.StashKey["Lab"]()
@@ -88,7 +89,7 @@ class Lab:
         return self._server(
             name, "logsync daemon", palace, port, token, start,
             lambda pal, p, tok: logsync_argv(pal, p, tok, extra_args),
-            child_env(home), home,
+            logsync_env(home), home,
         )  # fmt: skip
 
     def _server(

@@ -126,6 +126,18 @@ def child_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, s
     return env
 
 
+def logsync_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Like :func:`child_env`, running the very ``logsync`` this test process imported.
+
+    Why: an editable install can resolve ``logsync`` differently (or not at
+    all) from another working directory; PYTHONPATH pins the checkout.
+    """
+    import logsync
+
+    source_root = Path(next(iter(logsync.__path__))).resolve().parent
+    return child_env(home, {"PYTHONPATH": str(source_root), **(extra or {})})
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((LOOPBACK, 0))
@@ -324,6 +336,7 @@ class Cli:
     label: str
     prefix: list[str]
     home: Path
+    env: dict[str, str] = field(default_factory=dict)
     calls: int = 0
     seconds: float = 0.0
 
@@ -342,7 +355,7 @@ class Cli:
                 argv,
                 input=stdin if stdin is not None else b"",
                 capture_output=True,
-                env=child_env(self.home),
+                env=self.env or child_env(self.home),
                 cwd=self.home,
                 timeout=timeout,
                 check=False,
@@ -514,7 +527,12 @@ class LogsyncCli(Cli):
     """``python -m logsync`` with the global ``--palace`` (the project's own CLI)."""
 
     def __init__(self, home: Path) -> None:
-        super().__init__(label="logsync", prefix=[sys.executable, "-m", "logsync"], home=home)
+        super().__init__(
+            label="logsync",
+            prefix=[sys.executable, "-m", "logsync"],
+            home=home,
+            env=logsync_env(home),
+        )
 
     def sync(self, palace: Path, peer_url: str, token: str) -> list[dict]:
         """``logsync sync --peer URL --token T --json``: the upstream per-peer stats list."""
