@@ -27,6 +27,7 @@ from .hub import (
 )
 
 LAB_KEY = pytest.StashKey["Lab"]()
+STARTUPS_KEY = pytest.StashKey[list[tuple[str, float]]]()
 _PORT_ATTEMPTS = 3
 
 
@@ -154,6 +155,8 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path, mempalace_exe: Path) -> 
     try:
         yield the_lab
     finally:
+        startups = request.config.stash.setdefault(STARTUPS_KEY, [])
+        startups += [(s.kind, s.startup_s) for s in the_lab.servers if s.startup_s]
         the_lab.close()
 
 
@@ -166,3 +169,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         return
     for server in the_lab.servers:
         report.sections.append((f"{server.kind} {server.name} log", server.log_tail(60)))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How long hubs and daemons took to answer /healthz (start-up cost of the suite)."""
+    startups = terminalreporter.config.stash.get(STARTUPS_KEY, [])
+    for kind in sorted({k for k, _ in startups}):
+        times = sorted(t for k, t in startups if k == kind)
+        terminalreporter.write_line(
+            f"interop: {len(times)} {kind} start(s), median {times[len(times) // 2]:.2f} s, "
+            f"max {times[-1]:.2f} s"
+        )
