@@ -269,10 +269,6 @@ _ROUTE_OK = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]{1,256}")
 _HLC_PREFIX = re.compile(r"\d{13}-[0-9a-f]{6}-")
 
 
-def _route_ok(value: object) -> bool:
-    return type(value) is str and _ROUTE_OK.fullmatch(value) is not None and not value.isspace()
-
-
 def _text_size_ok(value: str, limit: int) -> bool:
     if value.isascii():
         return len(value) <= limit
@@ -291,42 +287,64 @@ def _created_at_ok(value: str) -> bool:
     return True
 
 
+_canonical_json = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
+_route_match = _ROUTE_OK.fullmatch
+_id_match = ID_RE.match
+
+
 def _fast_remote_row(ev: dict[str, Any]) -> dict[str, Any] | None:
     """The whole-op predicate; None means 'ask the careful path'."""
     g = ev.get
-    origin, seq, stamp, text, meta = g("origin_replica"), g("origin_seq"), g("hlc"), g("body"), g("metadata")
-    ids = g("artifact_ids")
+    ident, typ, stream, room, sender = g("id"), g("type"), g("stream"), g("room"), g("from_agent")
+    origin, seq, stamp, text, meta = (
+        g("origin_replica"), g("origin_seq"), g("hlc"), g("body"), g("metadata"))
+    ids, stat, created = g("artifact_ids"), g("status"), g("created_at")
+    optional = [g(k) for k in OPTIONAL_ROUTING]
     ok = (
-        type(g("id")) is str and ID_RE.match(g("id")) is not None
-        and type(g("type")) is str and TYPE_RE.match(g("type")) is not None
-        and _route_ok(g("stream")) and _route_ok(g("room")) and _route_ok(g("from_agent"))
-        and all(g(k) is None or _route_ok(g(k)) for k in OPTIONAL_ROUTING)
-        and (g("status") is None or g("status") in EVENT_STATUSES)
+        type(ident) is str and _id_match(ident) is not None
+        and type(typ) is str and TYPE_RE.match(typ) is not None
+        and type(stream) is str and _route_match(stream) is not None and not stream.isspace()
+        and type(room) is str and _route_match(room) is not None and not room.isspace()
+        and type(sender) is str and _route_match(sender) is not None and not sender.isspace()
+        and (stat is None or stat in EVENT_STATUSES)
         and (text is None or (type(text) is str and "\x00" not in text
                               and _text_size_ok(text, MAX_BODY_BYTES)))
         and (meta is None or type(meta) is dict)
-        and (ids is None or (type(ids) is list and len(ids) <= MAX_ARTIFACTS_PER_EVENT
-                             and all(type(a) is str and ID_RE.match(a) for a in ids)))
-        and type(g("created_at")) is str and _created_at_ok(g("created_at"))
+        and type(created) is str and _created_at_ok(created)
         and type(origin) is str and is_replica_id(origin)
         and type(seq) is int and 1 <= seq <= 2**62
-        and type(stamp) is str and _HLC_PREFIX.match(stamp) is not None
-        and len(stamp) == 21 + len(origin) and stamp.endswith(origin)
+        and type(stamp) is str and len(stamp) == 21 + len(origin) and stamp.endswith(origin)
+        and _HLC_PREFIX.match(stamp) is not None
     )
     if not ok:
         return None
+    for value in optional:
+        if value is not None and (type(value) is not str or _route_match(value) is None
+                                  or value.isspace()):
+            return None
+    if ids:
+        if type(ids) is not list or len(ids) > MAX_ARTIFACTS_PER_EVENT:
+            return None
+        for art in ids:
+            if type(art) is not str or _id_match(art) is None:
+                return None
+        ids = sorted(set(ids))
+    elif ids is not None and ids != []:
+        return None
     try:
-        meta_json = "{}" if meta is None else json.dumps(meta, ensure_ascii=False, sort_keys=True)
+        meta_json = _canonical_json(meta) if meta else "{}"
     except (TypeError, ValueError):
         return None
     if not _text_size_ok(meta_json, MAX_METADATA_BYTES):
         return None
-    row = {k: g(k) for k in ("id", "type", "stream", "room", "from_agent", *OPTIONAL_ROUTING,
-                             "status", "created_at", "origin_replica", "origin_seq", "hlc")}
-    row["body"] = text or ""
-    row["metadata_json"] = meta_json
-    row["artifact_ids"] = sorted(set(ids)) if ids else []
-    return row
+    topic, to_agent, correlation_id, branch, base_commit = optional
+    return {
+        "id": ident, "type": typ, "stream": stream, "room": room, "from_agent": sender,
+        "topic": topic, "to_agent": to_agent, "correlation_id": correlation_id,
+        "branch": branch, "base_commit": base_commit, "status": stat, "created_at": created,
+        "origin_replica": origin, "origin_seq": seq, "hlc": stamp, "body": text or "",
+        "metadata_json": meta_json, "artifact_ids": ids or [],
+    }
 
 
 def _checked_remote_row(event: object) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import secrets
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,14 +66,14 @@ def get_replica_id(palace: Path, mint: Callable[[], str] = mint_replica_id) -> s
         raise ReplicaIdentityError(f"minted replica id {replica_id!r} is malformed")
     palace.mkdir(parents=True, exist_ok=True)
     path = palace / REPLICA_FILENAME
-    tmp = path.with_name(f".{REPLICA_FILENAME}.{os.getpid()}.tmp")
+    fd, tmp = tempfile.mkstemp(dir=palace, prefix=f".{REPLICA_FILENAME}.", suffix=".tmp")
     payload = json.dumps({"replica_id": replica_id}, indent=2) + "\n"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(payload)
-        handle.flush()
-        os.fsync(handle.fileno())
     try:
-        # link() fails if another process minted first: the first writer wins.
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        # link() fails if another writer minted first: the first one wins, atomically.
         os.link(tmp, path)
     except FileExistsError:
         pass
