@@ -1,0 +1,366 @@
+"""The httpx driver of the sans-IO engine: performs a round's requests against one peer.
+
+Answers from a peer are untrusted input. Every foreign failure is translated
+into the project's own types where it enters (STYLE.md §6):
+
+    connect error, timeout, 5xx, 429      -> PeerTransientError (retried, Retry-After honoured)
+    401, 403                              -> PeerAuthError      (never retried)
+    other 4xx (404 unless asked for)      -> PeerRequestError   (never retried)
+    bad JSON/msgpack, oversize, redirects -> PeerProtocolError  (never retried)
+
+Store calls are synchronous SQLite, so every step of the round generator runs
+in a worker thread; the event loop never blocks on the database.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+import msgpack
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity.wait import wait_random_exponential
+
+from logsync import __version__
+from logsync.engine import Batch, Request, RoundReport, Step, StoreLike, pull_round
+from logsync.errors import (
+    ConfigError,
+    PeerAuthError,
+    PeerError,
+    PeerProtocolError,
+    PeerRequestError,
+    PeerTransientError,
+    shorten,
+)
+
+logger = logging.getLogger("logsync.client")
+
+MSGPACK_TYPE = "application/msgpack"
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+RETRYABLE_STATUSES = frozenset({429, 503})
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class PeerClient:
+    """One peer, one `httpx.AsyncClient` (connection reuse); use as an async context manager."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        name: str | None = None,
+        timeout: float = 30.0,
+        connect_timeout: float = 5.0,
+        verify: bool = True,
+        ca_file: str | None = None,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        attempts: int = 4,
+        backoff: float = 0.5,
+        max_backoff: float = 10.0,
+        max_retry_after: float = 30.0,
+        concurrency: int = 8,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Sleep | None = None,
+    ) -> None:
+        self.url = _check_url(url)
+        self.name = name or self.url
+        self.max_response_bytes = max_response_bytes
+        self.attempts = attempts
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.max_retry_after = max_retry_after
+        self._limiter = anyio.CapacityLimiter(concurrency)
+        self._sleep = sleep or anyio.sleep
+        headers = {"User-Agent": f"logsync/{__version__}", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=httpx.Limits(max_connections=concurrency,
+                                max_keepalive_connections=concurrency),
+            verify=_tls_context(verify, ca_file),
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    async def __aenter__(self) -> PeerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # ── one round ─────────────────────────────────────────────────────
+
+    async def run_round(
+        self,
+        store: StoreLike,
+        *,
+        page_limit: int | None = None,
+        use_extensions: bool = True,
+        report: RoundReport | None = None,
+    ) -> RoundReport:
+        """Drive one engine pull round against this peer; raises a PeerError on failure
+        (pages applied before it stay applied; `report` shows how far it got)."""
+        report = report if report is not None else RoundReport(peer=self.name)
+        gen = pull_round(store, self.name, page_limit=page_limit, use_extensions=use_extensions,
+                         batch_artifacts=True, report=report)
+        try:
+            done, value = await anyio.to_thread.run_sync(_advance, gen, "send", None)
+            while not done:
+                try:
+                    answer = await self._perform(value, report)
+                except PeerError as exc:
+                    done, value = await anyio.to_thread.run_sync(_advance, gen, "throw", exc)
+                    continue
+                done, value = await anyio.to_thread.run_sync(_advance, gen, "send", answer)
+        finally:
+            gen.close()
+        return value
+
+    async def _perform(self, step: Step, report: RoundReport) -> Any:
+        if isinstance(step, Batch):
+            return await self._perform_batch(step.requests, report)
+        answer, size = await self.fetch(step)
+        report.bytes_received += size
+        return answer
+
+    async def _perform_batch(self, requests: tuple[Request, ...], report: RoundReport) -> list:
+        """Independent requests side by side (bounded); the first failure cancels the rest."""
+        answers: list[Any] = [None] * len(requests)
+        failures: list[PeerError] = []
+
+        async def one(index: int, request: Request) -> None:
+            async with self._limiter:
+                try:
+                    answers[index], size = await self.fetch(request)
+                    report.bytes_received += size
+                except PeerError as exc:
+                    failures.append(exc)
+                    group.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as group:
+            for index, request in enumerate(requests):
+                group.start_soon(one, index, request)
+        if failures:
+            raise failures[0]
+        return answers
+
+    # ── one request ───────────────────────────────────────────────────
+
+    async def fetch(self, request: Request) -> tuple[Any, int]:
+        """Perform one request with retries on the transient branch: (answer, body bytes)."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(PeerTransientError),
+            stop=stop_after_attempt(self.attempts) | self._hint_too_long,
+            wait=self._wait,
+            sleep=self._sleep,
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._fetch_once(request)
+        raise AssertionError("tenacity ends with a result or the last error")
+
+    def _wait(self, state: RetryCallState) -> float:
+        base = wait_random_exponential(multiplier=self.backoff, max=self.max_backoff)(state)
+        hint = _retry_after_of(state)
+        return max(base, hint or 0.0)
+
+    def _hint_too_long(self, state: RetryCallState) -> bool:
+        """A Retry-After beyond our patience ends the round; the schedule honours it."""
+        hint = _retry_after_of(state)
+        return hint is not None and hint > self.max_retry_after
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        logger.info("peer %s: attempt %d failed (%s); retrying", self.name,
+                    state.attempt_number, exc)
+
+    async def _fetch_once(self, request: Request) -> tuple[Any, int]:
+        where = f"peer {self.name}: GET {request.path}"
+        headers = {"Accept": MSGPACK_TYPE} if request.accept_msgpack else {}
+        try:
+            async with self._http.stream("GET", request.path, params=request.params,
+                                         headers=headers) as response:
+                body = await self._read_capped(response, where)
+        except httpx.HTTPError as exc:
+            raise _translate_transport(exc, where, self.name) from None
+        if response.status_code == 404 and request.missing_ok:
+            return None, len(body)
+        self._check_status(response, body, where)
+        return _decode(response, body, where, self.name), len(body)
+
+    async def _read_capped(self, response: httpx.Response, where: str) -> bytes:
+        """The body, refusing it as soon as it passes the cap (announced or streamed)."""
+        cap = self.max_response_bytes
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise PeerProtocolError(
+                f"{where} announced a {declared}-byte answer; the cap is {cap} bytes",
+                peer=self.name,
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > cap:
+                raise PeerProtocolError(
+                    f"{where} sent an answer larger than the {cap}-byte cap", peer=self.name
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _check_status(self, response: httpx.Response, body: bytes, where: str) -> None:
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        said = _error_text(body)
+        message = f"{where} answered {status}{': ' + said if said else ''}"
+        if status in RETRYABLE_STATUSES or status >= 500:
+            raise PeerTransientError(message, peer=self.name,
+                                     retry_after=parse_retry_after(response.headers))
+        if status in (401, 403):
+            raise PeerAuthError(f"{message} (check the token)", peer=self.name)
+        if 400 <= status < 500:
+            raise PeerRequestError(message, peer=self.name)
+        raise PeerProtocolError(f"{message}; expected 2xx (redirects are not followed)",
+                                peer=self.name)
+
+
+def _advance(gen: Generator[Step, Any, RoundReport], how: str, value: Any) -> tuple[bool, Any]:
+    """Step the round in a worker thread; StopIteration cannot cross into a Future."""
+    try:
+        step = gen.throw(value) if how == "throw" else gen.send(value)
+    except StopIteration as stop:
+        return True, stop.value
+    return False, step
+
+
+def _retry_after_of(state: RetryCallState) -> float | None:
+    exc = state.outcome.exception() if state.outcome else None
+    return getattr(exc, "retry_after", None)
+
+
+def parse_retry_after(headers: httpx.Headers, now: float | None = None) -> float | None:
+    """Seconds to wait from `Retry-After` (delta-seconds or an HTTP date), else None."""
+    value = headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+def _translate_transport(exc: httpx.HTTPError, where: str, peer: str) -> PeerError:
+    """httpx's exceptions become ours at the point they enter."""
+    if isinstance(exc, httpx.TimeoutException):
+        return PeerTransientError(f"{where} timed out ({type(exc).__name__})", peer=peer)
+    if _caused_by_tls(exc):
+        return PeerRequestError(f"{where} failed the TLS handshake: {exc}", peer=peer)
+    if isinstance(exc, httpx.UnsupportedProtocol):
+        return PeerRequestError(f"{where} cannot be requested: {exc}", peer=peer)
+    if isinstance(exc, httpx.DecodingError):
+        return PeerProtocolError(f"{where} sent an undecodable body: {exc}", peer=peer)
+    if isinstance(exc, httpx.TransportError):
+        return PeerTransientError(f"{where} failed: {exc or type(exc).__name__}", peer=peer)
+    return PeerProtocolError(f"{where} failed: {exc or type(exc).__name__}", peer=peer)
+
+
+def _caused_by_tls(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _decode(response: httpx.Response, body: bytes, where: str, peer: str) -> Any:
+    """JSON or msgpack by content type; anything undecodable is the peer's fault."""
+    ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    try:
+        if ctype in (MSGPACK_TYPE, "application/x-msgpack"):
+            return msgpack.unpackb(body, raw=False)
+        if ctype in ("application/json", ""):
+            return json.loads(body)
+    except (ValueError, RecursionError, msgpack.UnpackException) as exc:
+        raise PeerProtocolError(
+            f"{where} sent a malformed {ctype or 'JSON'} body ({type(exc).__name__}): "
+            f"{shorten(body[:80])}",
+            peer=peer,
+        ) from None
+    raise PeerProtocolError(
+        f"{where} answered Content-Type {ctype!r}; expected application/json or {MSGPACK_TYPE}",
+        peer=peer,
+    )
+
+
+def _error_text(body: bytes) -> str:
+    """The peer's `{"error": ...}` sentence if it sent one, cut to one line."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    if isinstance(data, dict) and isinstance(data.get("error"), str):
+        return data["error"][:200]
+    return ""
+
+
+def _check_url(url: object) -> str:
+    try:
+        parsed = httpx.URL(url) if isinstance(url, str) else None
+    except httpx.InvalidURL:
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"peer url {shorten(url)} is invalid: expected http(s)://host[:port]")
+    return str(parsed).rstrip("/")
+
+
+def _tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext | bool:
+    if not verify:
+        return False
+    if ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"CA file {ca_file!r} cannot be loaded: {exc}") from None
+
+
+def sync_once(
+    store: StoreLike, url: str, token: str | None = None, **options: Any
+) -> RoundReport:
+    """One round against one peer, for the CLI (blocking). `options`: PeerClient and
+    run_round keywords (`name`, `timeout`, `page_limit`, `use_extensions`, ...)."""
+    round_keys = {"page_limit", "use_extensions", "report"}
+    round_opts = {k: v for k, v in options.items() if k in round_keys}
+    client_opts = {k: v for k, v in options.items() if k not in round_keys}
+
+    async def one() -> RoundReport:
+        async with PeerClient(url, token, **client_opts) as client:
+            return await client.run_round(store, **round_opts)
+
+    return anyio.run(one)
