@@ -306,7 +306,7 @@ def _fast_remote_row(ev: dict[str, Any]) -> dict[str, Any] | None:
         and type(stream) is str and _route_match(stream) is not None and not stream.isspace()
         and type(room) is str and _route_match(room) is not None and not room.isspace()
         and type(sender) is str and _route_match(sender) is not None and not sender.isspace()
-        and (stat is None or stat in EVENT_STATUSES)
+        and (stat is None or (type(stat) is str and stat in EVENT_STATUSES))
         and (text is None or (type(text) is str and "\x00" not in text
                               and _text_size_ok(text, MAX_BODY_BYTES)))
         and (meta is None or type(meta) is dict)

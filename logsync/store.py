@@ -334,7 +334,7 @@ class Store:
                     "to_agent": to_agent, "correlation_id": correlation_id, "branch": branch,
                     "base_commit": base_commit, "status": status, "body": body,
                     "metadata": metadata,
-                    "artifact_ids": list(artifact_ids) if artifact_ids is not None else None,
+                    "artifact_ids": artifact_ids,
                     "topic": topic,
                 }
             )
@@ -1019,7 +1019,13 @@ def _fetch_by_ids(conn: sqlite3.Connection, sql: str, ids: list[str]) -> dict[st
 
 
 def _payload(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=repr)
+    """Verbatim JSON of what a peer sent; escaped where it holds lone surrogates."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=repr)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value, ensure_ascii=True, sort_keys=True, default=repr)
+    return text
 
 
 def _digest(*parts: str) -> str:
