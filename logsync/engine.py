@@ -370,10 +370,7 @@ def pull_origin(
     batch_artifacts: bool,
     report: RoundReport,
 ) -> Generator[Step, Any, OriginProgress]:
-    """Pull one origin from `progress.reached` up to `progress.target`, page by page.
-
-    Usable on its own so a driver can run several origins side by side.
-    """
+    """Pull one origin from `progress.reached` up to `progress.target`, page by page."""
     while not progress.stop_reason:
         params: dict[str, Any] = {
             "origin": progress.origin, "after": progress.reached, "limit": limit,
@@ -384,7 +381,8 @@ def pull_origin(
             params[EXTENSIONS_PARAM] = ",".join(asked)
         report.requests += 1
         answer = yield Request("/sync/ops", params, accept_msgpack=ext.msgpack)
-        events, inline = check_page(answer, peer, progress.origin, progress.reached, limit)
+        events, inline = check_page(answer, peer, progress.origin, progress.reached, limit,
+                                    inline_asked=ext.inline_artifacts)
         progress.pages += 1
         if not events:
             progress.stop_reason = _stop_reason_for_empty(progress)
@@ -408,9 +406,10 @@ def _stop_reason_after_page(progress: OriginProgress, served: int, limit: int) -
 
 
 def check_page(
-    answer: object, peer: str, origin: str, after: int, limit: int
+    answer: object, peer: str, origin: str, after: int, limit: int, *, inline_asked: bool = False
 ) -> tuple[list[dict], dict[str, dict]]:
-    """Validate one `/sync/ops` answer: (events, inline artifacts by id) or PeerProtocolError."""
+    """Validate one `/sync/ops` answer: (events, inline artifacts by id) or PeerProtocolError.
+    An `artifacts` key we did not ask for is not ours to interpret and is ignored."""
     where = f"peer {peer}: /sync/ops page for origin {origin} after {after}"
 
     def fail(problem: str) -> PeerProtocolError:
@@ -434,7 +433,7 @@ def check_page(
                 f"integer above {previous} (strictly increasing, above 'after')"
             )
         previous = seq
-    return events, _inline_artifacts(answer.get("artifacts"), fail)
+    return events, _inline_artifacts(answer.get("artifacts") if inline_asked else None, fail)
 
 
 def _inline_artifacts(

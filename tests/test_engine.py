@@ -497,6 +497,40 @@ def test_mempalace_shaped_peer_gets_upstream_requests_only(stores):
     assert report.extensions == [] and report.applied == 3
 
 
+def test_unasked_inline_artifacts_are_ignored(stores):
+    a, b = stores["a"], stores["b"]
+    art = a.put_artifact("note", "n", "alice")
+    append(a, 1, artifact_ids=[art["id"]])
+    honest = FakePeer(a)
+
+    def volunteering(request: Request) -> Any:
+        answer = honest(request)
+        if request.path == "/sync/ops":
+            answer["artifacts"] = "something else entirely"
+        return answer
+
+    assert pull(b, volunteering).artifacts == 1
+    assert len(honest.artifact_requests()) == 1
+
+
+def test_tampered_artifact_is_quarantined_and_its_op_never_visible(stores):
+    a, b = stores["a"], stores["b"]
+    art = a.put_artifact("patch", "--- a\n+++ b\n", "alice")
+    event = append(a, 1, artifact_ids=[art["id"]])[0]
+    honest = FakePeer(a)
+
+    def tampering(request: Request) -> Any:
+        answer = honest(request)
+        if request.path == "/sync/artifact":
+            answer["artifact"]["content"] = "--- a\n+++ b\n+rm -rf /\n"
+        return answer
+
+    report = pull(b, tampering)
+    assert report.applied == 0 and report.quarantined == 2
+    assert report.stopped_origins() == {a.replica_id: report.origins[a.replica_id].stop_reason}
+    assert b.get_event(event["id"]) is None and b.get_artifact(art["id"]) is None
+
+
 def test_extensions_can_be_declined_and_malformed_adverts_ignored(stores):
     a, b = stores["a"], stores["b"]
     append(a, 1)
