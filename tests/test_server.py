@@ -852,3 +852,132 @@ def test_real_server_serves_sync_routes(store: Store, http_client: Any) -> None:
     assert health.content == b"ok\n"
     assert denied.status_code == 401
     assert evil.status_code == 403
+
+
+# ---------------------------------------------------------------- side by side with a real hub
+
+
+def _mempalace_exe() -> Path:
+    import os
+
+    venv = os.environ.get("LOGSYNC_MEMPALACE_VENV") or str(
+        Path.home() / ".cache" / "logsync" / "mempalace-3.11.0"
+    )
+    exe = Path(venv).expanduser() / "bin" / "mempalace"
+    assert exe.is_file(), (
+        f"MemPalace 3.11.0 is not installed at {exe}: run scripts/install-mempalace.sh"
+    )
+    return exe
+
+
+class HubProcess:
+    """`mempalace serve` over a palace, own HOME, stopped with SIGTERM then SIGKILL."""
+
+    def __init__(self, palace: Path, home: Path) -> None:
+        import os
+        import subprocess
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        home.mkdir(parents=True, exist_ok=True)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("MEMPALACE_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")
+        }
+        env.update(
+            HOME=str(home), NO_PROXY="127.0.0.1", HF_HUB_OFFLINE="1", MEMPALACE_SYNC_INTERVAL="0"
+        )
+        argv = [str(_mempalace_exe()), "serve", "--palace", str(palace), "--host", "127.0.0.1"]
+        argv += ["--port", str(self.port), "--token", TOKEN]
+        self.log = home / "hub.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                argv, env=env, cwd=home, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+
+    def wait_healthy(self, within: float = 30.0) -> None:
+        deadline = time.monotonic() + within
+        while True:
+            assert self.proc.poll() is None, f"hub exited early:\n{self.log.read_text()[-3000:]}"
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1.0, trust_env=False).is_success:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"hub not healthy in {within} s"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.mark.interop
+def test_same_palace_served_by_hub_and_logsync_gives_the_same_bytes(tmp_path: Path) -> None:
+    palace = tmp_path / "palace"
+    with Store.open(palace) as writer:
+        patch = writer.put_artifact("patch", "--- a/x\r\n+++ b/x\r\n+ünï ☃\n", "alice")
+        note = writer.put_artifact("note", "plain", "bob", metadata={"k": ["é", 1]})
+        append(writer, 3, body='héllo\nwörld ☃ \u2028 "q" \\ \t', metadata={"n": {"é": None}})
+        append(writer, 1, artifact_ids=[patch["id"], note["id"]], topic="t", to_agent="*")
+        append(writer, 2, status="applied", correlation_id="c-1", branch="main", base_commit="abc")
+        origin, artifact_id = writer.replica_id, patch["id"]
+    hub = HubProcess(palace, tmp_path / "home")
+    try:
+        hub.wait_healthy()
+        store = Store.open(palace)
+        try:
+            _compare_with_hub(hub, store, origin, artifact_id)
+        finally:
+            store.close()
+    finally:
+        hub.stop()
+
+
+def _compare_with_hub(hub: HubProcess, store: Store, origin: str, artifact_id: str) -> None:
+    same_bytes = [
+        f"/sync/ops?origin={origin}",
+        f"/sync/ops?origin={origin}&after=2&limit=2",
+        f"/sync/ops?origin={origin}&limit=1000",
+        f"/sync/ops?origin={origin}&after=&limit=",
+        "/sync/ops?origin=rep_00000000000000000000000000000000",
+        f"/sync/artifact?id={artifact_id}",
+        "/sync/artifact?id=art_missing",
+        "/healthz",
+    ]
+    bad = ["/sync/ops", "/sync/ops?origin=x&after=-1", "/sync/ops?origin=x&limit=0",
+           "/sync/ops?origin=x&limit=abc", "/sync/artifact"]  # fmt: skip
+    with LiveServer(create_app(store, token=TOKEN)) as live:
+        for path in same_bytes:
+            theirs, mine = (_get(base, path) for base in (hub.url, live.url))
+            assert (mine.status_code, mine.content) == (theirs.status_code, theirs.content), path
+            assert mine.headers["content-type"] == theirs.headers["content-type"], path
+        for path in bad:
+            theirs, mine = (_get(base, path) for base in (hub.url, live.url))
+            assert mine.status_code == theirs.status_code == 400, path
+            assert list(mine.json()) == list(theirs.json()) == ["error"], path
+        vectors = [_get(base, "/sync/version_vector").json() for base in (hub.url, live.url)]
+        assert [v["replica_id"] for v in vectors] == [origin, origin]
+        assert vectors[0]["version_vector"] == vectors[1]["version_vector"]
+        assert set(vectors[0]) <= set(vectors[1])
+        for base in (hub.url, live.url):
+            assert _get(base, "/sync/ops", Authorization="").status_code == 401
+            assert _get(base, "/sync/ops", Authorization="Bearer nope").status_code == 401
+            assert _get(base, "/healthz", Host="evil.example").status_code == 403
+            assert _get(base, "/healthz", Origin="https://evil.example").status_code == 403
+
+
+def _get(base: str, path: str, **headers: str) -> httpx.Response:
+    sent = {**AUTH, **headers}
+    sent = {k: v for k, v in sent.items() if v}
+    return httpx.get(f"{base}{path}", headers=sent, timeout=10, trust_env=False)
