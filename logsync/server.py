@@ -56,6 +56,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlparse
@@ -259,18 +260,39 @@ class _StoreCollector:
         return GaugeMetricFamily(f"logsync_store_{name}", f"{name} held in this replica's store")
 
 
+@dataclass(frozen=True)
+class Settings:
+    """The knobs of one app, fixed at creation (see ``create_app``)."""
+
+    token: str | None
+    peer_state_provider: PeerStateProvider | None
+    bind_host: str
+    port: int | None
+    pin_host: bool
+    allowed_hosts: frozenset[str]
+    sse_max_clients: int
+    sse_heartbeat_s: float
+    sse_poll_s: float
+    max_page: int
+    max_body_bytes: int
+    inline_artifact_bytes: int
+    sync_interval_s: float
+    node_name: str
+    scheme: str
+
+
 class _Server:
     """Everything the routes share: the store, the policy, SSE slots, metrics."""
 
-    def __init__(self, store: Any, settings: dict[str, Any]) -> None:
+    def __init__(self, store: Any, settings: Settings, notifier: ChangeNotifier | None) -> None:
+        self.cfg = settings
         self._store_lock = threading.Lock()
         if hasattr(store, "version_vector"):
             self._store, self._factory, self.owns_store = store, None, False
         else:
             self._store, self._factory, self.owns_store = None, store, True
-        self.__dict__.update(settings)
-        self.notifier: ChangeNotifier = settings["notifier"] or ChangeNotifier()
-        self.probe = _LatestProbe(self, self.sse_poll_s)
+        self.notifier = notifier or ChangeNotifier()
+        self.probe = _LatestProbe(self, settings.sse_poll_s)
         self.sse_clients = 0
         self.started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.started_monotonic = time.monotonic()
@@ -315,7 +337,7 @@ class _Server:
         self.requests_metric.labels(route=route, status=key).inc()
 
     def acquire_slot(self) -> bool:
-        if self.sse_clients >= self.sse_max_clients:
+        if self.sse_clients >= self.cfg.sse_max_clients:
             return False
         self.sse_clients += 1
         return True
@@ -415,9 +437,9 @@ async def statusz(request: Request) -> Response:
                 "name": "logsync",
                 "version": __version__,
                 "transport": "http",
-                "scheme": srv.scheme,
-                "bind_host": srv.bind_host,
-                "port": srv.port,
+                "scheme": srv.cfg.scheme,
+                "bind_host": srv.cfg.bind_host,
+                "port": srv.cfg.port,
                 "started_at": srv.started_at,
                 "uptime_seconds": round(time.monotonic() - srv.started_monotonic, 3),
             },
@@ -425,8 +447,8 @@ async def statusz(request: Request) -> Response:
             "version_vector": vector,
             "counts": counts,
             "requests": {"total": srv.request_total, "by_status": dict(srv.status_counts)},
-            "sse": {"clients": srv.sse_clients, "max_clients": srv.sse_max_clients},
-            "extensions": _advertisement(srv.max_page)["extensions"],
+            "sse": {"clients": srv.sse_clients, "max_clients": srv.cfg.sse_max_clients},
+            "extensions": _advertisement(srv.cfg.max_page)["extensions"],
         },
     )
 
@@ -449,9 +471,9 @@ def _self_profile(replica_id: str, vector: Mapping[str, int]) -> dict[str, Any]:
 
 
 async def _peer_states(srv: _Server) -> list[dict[str, Any]]:
-    if srv.peer_state_provider is None:
+    if srv.cfg.peer_state_provider is None:
         return []
-    raw = await anyio.to_thread.run_sync(srv.peer_state_provider)
+    raw = await anyio.to_thread.run_sync(srv.cfg.peer_state_provider)
     return [_public_peer(entry) for entry in raw or [] if isinstance(entry, Mapping)]
 
 
@@ -489,7 +511,7 @@ async def version_vector(request: Request) -> Response:
             "version_vector": vector,
             "profile": own,
             "profiles": _profiles(peers, replica_id, own),
-            ADVERTISEMENT_KEY: _advertisement(srv.max_page),
+            ADVERTISEMENT_KEY: _advertisement(srv.cfg.max_page),
         },
     )
 
@@ -506,12 +528,12 @@ async def sync_ops(request: Request) -> Response:
         raise ValidationError(f"after={after} must be a non-negative integer")
     if limit < 1:
         raise ValidationError(f"limit={limit} must be a positive integer")
-    cap = srv.max_page if EXT_LARGE_PAGES in ext else UPSTREAM_PAGE
+    cap = srv.cfg.max_page if EXT_LARGE_PAGES in ext else UPSTREAM_PAGE
     limit = min(limit, cap)
     events = await srv.run(lambda s: s.list_ops(origin, after, limit, max_limit=cap))
     payload: dict[str, Any] = {"origin": origin, "events": events, "count": len(events)}
     if EXT_INLINE_ARTIFACTS in ext:
-        budget = srv.inline_artifact_bytes
+        budget = srv.cfg.inline_artifact_bytes
         payload["artifacts"] = await srv.run(lambda s: _page_artifacts(s, events, budget))
     return _answer(request, payload)
 
@@ -546,20 +568,20 @@ async def sync_peers(request: Request) -> Response:
     peers = await _peer_states(srv)
     own = _self_profile(replica_id, vector)
     named = {replica_id} | {p["replica_id"] for p in peers if isinstance(p.get("replica_id"), str)}
-    in_process = srv.peer_state_provider is not None
+    in_process = srv.cfg.peer_state_provider is not None
     return _answer(
         request,
         {
             "self": {
                 "replica_id": replica_id,
-                "name": srv.node_name,
+                "name": srv.cfg.node_name,
                 "version_vector": vector,
                 "profile": own,
             },
             "peers": peers,
             "unnamed_origins": sorted(set(vector) - named),
             "origin_profiles": _profiles(peers, replica_id, own),
-            "sync_interval_s": srv.sync_interval_s,
+            "sync_interval_s": srv.cfg.sync_interval_s,
             "estate_source": {
                 "in_process": in_process,
                 "published_at": None,
@@ -646,10 +668,10 @@ class _EventStream(Response):
                     await send({"type": "http.response.body", "body": frames, "more_body": True})
                     last_write = time.monotonic()
             idle = time.monotonic() - last_write
-            if idle >= srv.sse_heartbeat_s:
+            if idle >= srv.cfg.sse_heartbeat_s:
                 await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
                 last_write, idle = time.monotonic(), 0.0
-            wait = min(srv.sse_poll_s, srv.sse_heartbeat_s - idle)
+            wait = min(srv.cfg.sse_poll_s, srv.cfg.sse_heartbeat_s - idle)
             generation = await srv.notifier.wait(generation, wait)
             latest = await srv.probe.latest(generation)
             fetch, seen = latest != seen, latest
@@ -718,14 +740,14 @@ class _Guard:
     def _refusal(self, path: str, headers: Headers) -> Response | None:
         srv = self.srv
         host = headers.get("host", "").strip().lower()
-        if srv.pin_host and not _host_allowed(host, srv.allowed_hosts, srv.port):
+        if srv.cfg.pin_host and not _host_allowed(host, srv.cfg.allowed_hosts, srv.cfg.port):
             logger.warning("request refused: Host %r not allowed", host)
             return _error(403, f"Host header {shorten(host)} is not a loopback name")
         origin = headers.get("origin")
         if origin and not _origin_allowed(origin):
             logger.warning("request refused: cross-origin %r", origin)
             return _error(403, f"Origin {shorten(origin)} is not a loopback origin")
-        if path != "/healthz" and srv.token and not _token_ok(headers, srv.token):
+        if path != "/healthz" and srv.cfg.token and not _token_ok(headers, srv.cfg.token):
             return _error(
                 401,
                 "missing or wrong bearer token (send Authorization: Bearer <token>)",
@@ -735,7 +757,7 @@ class _Guard:
 
     async def _oversize(self, headers: Headers, receive: Receive) -> Response | None:
         """413 for a body over the cap; a small body is read and dropped (all routes GET)."""
-        cap = self.srv.max_body_bytes
+        cap = self.srv.cfg.max_body_bytes
         length = headers.get("content-length")
         if length is not None and length.strip().isdigit():
             if int(length) > cap:
@@ -784,7 +806,7 @@ def _allowed_host_values(bind_host: str, port: int | None, extra: Iterable[str])
     return values
 
 
-def _host_allowed(host: str, allowed: set[str], port: int | None) -> bool:
+def _host_allowed(host: str, allowed: frozenset[str], port: int | None) -> bool:
     if host in allowed:
         return True
     if port is not None:
@@ -842,25 +864,24 @@ def create_app(
     is the ``ChangeNotifier`` writers should poke; ``app.state.logsync`` holds the rest.
     """
     _check_settings(sse_max_clients, sse_heartbeat_s, sse_poll_s, max_page, max_body_bytes)
-    settings = {
-        "token": token or None,
-        "peer_state_provider": peer_state_provider,
-        "bind_host": bind_host,
-        "port": port,
-        "pin_host": is_loopback_host(bind_host),
-        "allowed_hosts": _allowed_host_values(bind_host, port, extra_allowed_hosts),
-        "notifier": notifier,
-        "sse_max_clients": sse_max_clients,
-        "sse_heartbeat_s": sse_heartbeat_s,
-        "sse_poll_s": sse_poll_s,
-        "max_page": max_page,
-        "max_body_bytes": max_body_bytes,
-        "inline_artifact_bytes": inline_artifact_bytes,
-        "sync_interval_s": float(sync_interval_s),
-        "node_name": node_name or socket.gethostname(),
-        "scheme": scheme,
-    }
-    server = _Server(store, settings)
+    settings = Settings(
+        token=token or None,
+        peer_state_provider=peer_state_provider,
+        bind_host=bind_host,
+        port=port,
+        pin_host=is_loopback_host(bind_host),
+        allowed_hosts=frozenset(_allowed_host_values(bind_host, port, extra_allowed_hosts)),
+        sse_max_clients=sse_max_clients,
+        sse_heartbeat_s=sse_heartbeat_s,
+        sse_poll_s=sse_poll_s,
+        max_page=max_page,
+        max_body_bytes=max_body_bytes,
+        inline_artifact_bytes=inline_artifact_bytes,
+        sync_interval_s=float(sync_interval_s),
+        node_name=node_name or socket.gethostname(),
+        scheme=scheme,
+    )
+    server = _Server(store, settings, notifier)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

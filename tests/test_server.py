@@ -651,6 +651,18 @@ async def test_stream_cap_zero_answers_503_with_retry_after(store: Store) -> Non
 
 
 @pytest.mark.anyio
+async def test_stream_head_answers_headers_and_frees_its_slot(store: Store) -> None:
+    app = create_app(store, token=TOKEN, sse_max_clients=1)
+    async with client(app, **AUTH) as c:
+        first = await c.head("/logstream/stream")
+        second = await c.head("/logstream/stream")
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert first.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert first.content == b""
+    assert app.state.logsync.sse_clients == 0
+
+
+@pytest.mark.anyio
 async def test_change_notifier_wakes_from_loop_and_threads() -> None:
     notifier = ChangeNotifier()
     assert await notifier.wait(notifier.generation, 0.01) == 0  # times out, nothing changed
