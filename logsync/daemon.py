@@ -29,7 +29,7 @@ from logsync import peers as peers_mod
 from logsync.client import PeerClient
 from logsync.defaults import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
 from logsync.engine import PullSchedule
-from logsync.errors import ConfigError, PeerError, PeerTransientError
+from logsync.errors import ConfigError, LogsyncError, PeerError, PeerTransientError, StoreError
 from logsync.peerstate import PeerBook
 from logsync.server import create_app, is_loopback_host
 from logsync.store import Store
@@ -38,6 +38,7 @@ from logsync.watch import watch_stream
 log = logging.getLogger("logsync.daemon")
 
 PEERS_POLL_S = 1.0
+GRACEFUL_SHUTDOWN_S = 3.0  # event streams never end on their own; cut them after this
 
 
 @dataclass
@@ -104,7 +105,7 @@ class Daemon:
         self.server = _QuietServer(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_level=config.log_level,
             ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key, access_log=False,
-            lifespan="on",
+            lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         ))
 
     # ── the task tree ─────────────────────────────────────────────────
@@ -205,7 +206,9 @@ class Daemon:
         state.record_attempt(time.time())
         try:
             report = await client.run_round(self.store)
-        except PeerError as exc:
+        except (PeerError, StoreError) as exc:
+            # A store failure (disk full, locked past the timeout) is ours, not the
+            # peer's, but it too must only back this loop off, never end the daemon.
             log.warning("peer %s: %s", task.peer.key, exc)
             state.record_failure(exc, time.time())
             hint = exc.retry_after if isinstance(exc, PeerTransientError) else None
@@ -231,7 +234,7 @@ class Daemon:
     def _save_state(self) -> None:
         try:
             self.book.save(self.config.palace)
-        except OSError as exc:
+        except (OSError, LogsyncError) as exc:
             log.error("cannot save peer state in %s: %s", self.config.palace, exc)
 
 

@@ -45,6 +45,8 @@ def serve_cmd(ctx: click.Context, as_json: bool, host: str, port: int, token: st
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore"):  # one line per request drowns the daemon's own log
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     config = DaemonConfig(
         palace=palace_of(ctx), host=host, port=port, token=token, interval=interval,
         tls_cert=tls_cert, tls_key=tls_key, ca_file=ca_file, notifications=not no_notify,
@@ -97,20 +99,24 @@ def _sync_one(store: Store, peer: peers_mod.Peer, ca_file: str | None, timeout: 
 
     report = RoundReport(peer=peer.key)
 
-    async def run() -> RoundReport:
+    async def run() -> RoundReport | PeerError:
+        # The outcome is returned, not raised, so the task group cannot wrap it.
+        outcome: RoundReport | PeerError
         async with PeerClient(peer.url, peer.token, name=peer.key, ca_file=ca_file,
                               timeout=timeout) as client, anyio.create_task_group() as tg:
             if show_progress:
                 tg.start_soon(_progress, store, report)
-            done = await client.run_round(store, report=report)
+            try:
+                outcome = await client.run_round(store, report=report)
+            except PeerError as exc:
+                outcome = exc
             tg.cancel_scope.cancel()
-            return done
+        return outcome
 
-    try:
-        done = anyio.run(run)
-    except PeerError as exc:
-        stats = {"peer_name": peer.key, "peer_url": peer.url, "error": str(exc)}
-        return {"peer": peer, "report": report, "stats": stats, "error": exc}
+    done = anyio.run(run)
+    if isinstance(done, PeerError):
+        stats = {"peer_name": peer.key, "peer_url": peer.url, "error": str(done)}
+        return {"peer": peer, "report": report, "stats": stats, "error": done}
     stats = {**done.as_upstream_stats(peer.url), "peer_name": peer.key,
              "conflicts": done.conflicts, "quarantined": done.quarantined,
              "per_origin_detail": {o: p.as_dict() for o, p in done.origins.items()}}

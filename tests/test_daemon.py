@@ -1,0 +1,216 @@
+"""`logsync serve`, `sync` and `status` as real processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from logsync.store import Store
+
+PY = [sys.executable, "-m", "logsync"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run(palace: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([*PY, "--palace", str(palace), *args], capture_output=True,
+                          text=True, timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"logsync {' '.join(args)} failed: {proc.stderr}")
+    return proc
+
+
+class Daemon:
+    """One `logsync serve` subprocess with its log kept for failure messages."""
+
+    def __init__(self, palace: Path, port: int, token: str, interval: float = 5.0) -> None:
+        self.palace, self.port, self.token = palace, port, token
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = palace.parent / f"{palace.name}.log"
+        palace.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log, "w")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            [*PY, "--palace", str(palace), "serve", "--port", str(port), "--token", token,
+             "--interval", str(interval)],
+            stdout=self._log_file, stderr=subprocess.STDOUT,
+        )
+        wait_for(self._healthy, 20, f"daemon on {self.url} never became healthy", self)
+
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"daemon exited early:\n{self.log.read_text()}")
+        try:
+            return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def get(self, path: str, **params: object) -> httpx.Response:
+        return httpx.get(self.url + path, params=params, timeout=5,
+                         headers={"Authorization": f"Bearer {self.token}"})
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+                raise AssertionError(f"daemon ignored {sig}:\n{self.log.read_text()}") from None
+        self.close()
+        return self.proc.returncode
+
+    def close(self) -> None:
+        if not self._log_file.closed:
+            self._log_file.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, message: str,
+             daemon: Daemon | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    log = daemon.log.read_text() if daemon else ""
+    raise AssertionError(f"{message} within {timeout} s\n{log[-3000:]}")
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def start(name: str, port: int | None = None, token: str | None = None,
+              interval: float = 5.0) -> Daemon:
+        d = Daemon(tmp_path / name, port or free_port(), token or f"tok-{name}", interval)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait(5)
+        d.close()
+
+
+def event_ids(palace: Path) -> set[str]:
+    with Store.open(palace) as store:
+        return {e["id"] for e in store.iter_events()}
+
+
+def peer(a: Daemon, b: Daemon) -> None:
+    """a pulls from b."""
+    run(a.palace, "peers", "add", b.palace.name, b.url, "--token", b.token)
+
+
+def test_two_daemons_converge_by_notification_and_report_status(daemons) -> None:
+    a, b = daemons("a", interval=60), daemons("b", interval=60)
+    peer(a, b)
+    peer(b, a)
+    # Long interval: only the change notification can deliver within the deadline.
+    time.sleep(1.5)  # peers.json is polled every second
+    appended = json.loads(run(a.palace, "append", "--type", "task.request", "--stream", "s",
+                              "--room", "r", "--from-agent", "pi@a", "--json").stdout)
+    wait_for(lambda: appended["id"] in event_ids(b.palace), 5, "b never got a's event", b)
+    peers_answer = b.get("/sync/peers").json()
+    entry = next(p for p in peers_answer["peers"] if p["name"] == "a")
+    assert entry["reachable"] is True and entry["url"] == a.url
+    assert a.token not in json.dumps(peers_answer)
+    status = json.loads(run(b.palace, "status", "--json").stdout)
+    assert status["peers"][0]["name"] == "a"
+    assert status["version_vector"][appended["origin_replica"]] == 1
+    assert a.stop() == 0 and b.stop() == 0
+
+
+def test_sigterm_stops_promptly_and_persists_peer_state(daemons) -> None:
+    a, b = daemons("a"), daemons("b")
+    peer(b, a)
+    wait_for(lambda: (b.palace / "peer_state.json").exists(), 10, "no peer state saved", b)
+    started = time.monotonic()
+    assert b.stop(signal.SIGTERM) == 0
+    assert a.stop(signal.SIGINT) == 0
+    assert time.monotonic() - started < 12
+    state = json.loads((b.palace / "peer_state.json").read_text())
+    assert state["peers"]["a"]["reachable"] is True
+
+
+def test_peers_json_is_reread_while_running(daemons) -> None:
+    a, b = daemons("a", interval=1), daemons("b", interval=1)
+    run(a.palace, "append", "--type", "note", "--stream", "s", "--room", "r",
+        "--from-agent", "pi@a")
+    time.sleep(1.5)
+    assert event_ids(b.palace) == set()
+    peer(b, a)
+    wait_for(lambda: len(event_ids(b.palace)) == 1, 10, "b did not pick up its new peer", b)
+
+
+def test_sync_once_then_nothing_and_failure_exit_code(daemons, tmp_path: Path) -> None:
+    a = daemons("a")
+    for i in range(3):
+        run(a.palace, "append", "--type", "note", "--stream", "s", "--room", "r",
+            "--from-agent", "pi@a", "--body", f"n{i}")
+    fresh = tmp_path / "fresh"
+    first = json.loads(run(fresh, "sync", "--peer", a.url, "--token", a.token, "--json").stdout)
+    assert first[0]["pulled_events"] == 3 and first[0]["peer_url"] == a.url
+    again = json.loads(run(fresh, "sync", "--peer", a.url, "--token", a.token, "--json").stdout)
+    assert again[0]["pulled_events"] == 0
+    bad = run(fresh, "sync", "--peer", a.url, "--token", "wrong", check=False)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr + bad.stdout
+    closed = run(fresh, "sync", "--peer", f"http://127.0.0.1:{free_port()}", "--json",
+                 check=False)
+    assert closed.returncode == 1
+    assert "error" in json.loads(closed.stdout)[0]
+
+
+def test_non_loopback_bind_without_token_is_refused(tmp_path: Path) -> None:
+    proc = run(tmp_path / "p", "serve", "--host", "0.0.0.0", "--port", str(free_port()),
+               check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("Error: refusing to bind '0.0.0.0' without a token")
+    assert "Traceback" not in proc.stderr
+
+
+def test_kill_9_during_bootstrap_then_restart_converges(daemons, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    with Store.open(source) as store:
+        for i in range(3000):
+            store.append_event("note", "s", "r", "pi@a", body="x" * 200 + str(i))
+    a = daemons("source", token="tok-src")
+    b = daemons("b", interval=0.2)
+    peer(b, a)
+    wait_for(lambda: 0 < _count(b.palace), 20, "b never started pulling", b)
+    b.stop(signal.SIGKILL)
+    with Store.open(b.palace) as store:
+        vector = store.version_vector()
+        seqs = sorted(e["origin_seq"] for e in store.iter_events())
+    assert seqs == list(range(1, len(seqs) + 1))  # a per-origin prefix, nothing torn
+    assert sum(vector.values()) == len(seqs)
+    b.close()
+    b2 = Daemon(b.palace, free_port(), "tok-b2", 0.2)
+    try:
+        wait_for(lambda: _count(b.palace) == 3000, 60, "restarted b did not converge", b2)
+    finally:
+        b2.stop()
+    assert event_ids(b.palace) == event_ids(source)
+
+
+def _count(palace: Path) -> int:
+    if not (palace / "logstream.sqlite3").exists():
+        return 0
+    with Store.open(palace) as store:
+        return store.counts()["events"]
+
