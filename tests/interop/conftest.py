@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from .hub import (
+    STOP_TIMEOUT_S,
     HarnessError,
     LogsyncCli,
     MemPalaceCli,
@@ -28,6 +29,7 @@ from .hub import (
 
 LAB_KEY = pytest.StashKey["Lab"]()
 STARTUPS_KEY = pytest.StashKey[list[tuple[str, float]]]()
+FIGURES_KEY = pytest.StashKey[list[str]]()
 _PORT_ATTEMPTS = 3
 
 
@@ -38,6 +40,7 @@ class Lab:
         self.root = root
         self.mempalace_exe = mempalace_exe
         self.servers: list[ServerProcess] = []
+        self.figures: list[str] = []
         self.mp = MemPalaceCli(mempalace_exe, self._dir("home-mempalace-cli"))
         self.ls = LogsyncCli(self._dir("home-logsync-cli"))
 
@@ -45,6 +48,10 @@ class Lab:
         path = self.root / name
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def figure(self, text: str) -> None:
+        """A measured figure (e.g. a convergence time) for the session summary."""
+        self.figures.append(text)
 
     def palace(self, name: str) -> Path:
         """A fresh, empty palace directory."""
@@ -128,15 +135,19 @@ class Lab:
         raise HarnessError(f"{kind} {name}: no free loopback port after {_PORT_ATTEMPTS} tries")
 
     def close(self) -> None:
-        """Stop every server, newest first; report (not hide) a stop failure."""
+        """Stop every server, newest first; one that needs SIGKILL fails the test."""
         errors = []
         for server in reversed(self.servers):
             try:
-                server.stop()
+                if not server.stop():
+                    errors.append(
+                        f"{server.kind} {server.name} ignored SIGTERM for "
+                        f"{STOP_TIMEOUT_S:.0f} s and was killed; log tail:\n{server.log_tail(8)}"
+                    )
             except Exception as exc:  # keep stopping the others
                 errors.append(f"{server.name}: {exc!r}")
         if errors:
-            raise HarnessError("could not stop: " + "; ".join(errors))
+            raise HarnessError("unclean shutdown: " + "\n".join(errors))
 
 
 @pytest.fixture(scope="session")
@@ -157,6 +168,7 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path, mempalace_exe: Path) -> 
     finally:
         startups = request.config.stash.setdefault(STARTUPS_KEY, [])
         startups += [(s.kind, s.startup_s) for s in the_lab.servers if s.startup_s]
+        request.config.stash.setdefault(FIGURES_KEY, []).extend(the_lab.figures)
         the_lab.close()
 
 
@@ -180,3 +192,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             f"interop: {len(times)} {kind} start(s), median {times[len(times) // 2]:.2f} s, "
             f"max {times[-1]:.2f} s"
         )
+    for text in terminalreporter.config.stash.get(FIGURES_KEY, []):
+        terminalreporter.write_line(f"interop: {text}")

@@ -270,19 +270,25 @@ class ServerProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after STOP_TIMEOUT_S; always reaps the child."""
+    def stop(self) -> bool:
+        """SIGTERM, then SIGKILL after STOP_TIMEOUT_S; always reaps the child.
+
+        Returns False when SIGKILL was needed: a graceful shutdown is part of
+        what is under test, so the caller reports it.
+        """
         if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(STOP_TIMEOUT_S)
-        else:
+            return True
+        if self.proc.poll() is not None:
             self.proc.wait()
+            return True
+        self.proc.terminate()
+        try:
+            self.proc.wait(STOP_TIMEOUT_S)
+            return True
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(STOP_TIMEOUT_S)
+            return False
 
     def log_tail(self, lines: int = 80) -> str:
         return read_tail(self.log_path, lines)
@@ -306,8 +312,9 @@ def hub_argv(exe: Path, palace: Path, port: int, token: str) -> list[str]:
 
 
 def logsync_argv(palace: Path, port: int, token: str, extra: Sequence[str] = ()) -> list[str]:
+    """logsync takes the global ``--palace`` (before ``serve``), like its other commands."""
     return [
-        sys.executable, "-m", "logsync", "serve", "--palace", str(palace),
+        sys.executable, "-m", "logsync", "--palace", str(palace), "serve",
         "--host", LOOPBACK, "--port", str(port), "--token", token, *extra,
     ]  # fmt: skip
 

@@ -207,19 +207,20 @@ def test_hub_with_the_daemon_in_peers_json_converges_on_its_own(lab: Lab) -> Non
     hub = lab.hub("hub", palace=hub_palace, sync_interval=1)
 
     nodes = [daemon, hub]
-    wait_until(
+    first = wait_until(
         vectors_converged(nodes, origins=1, events=7),
         timeout=CONVERGE_TIMEOUT_S,
         what="the hub to pull the daemon's first batch",
         state=describe_vectors(nodes),
     )
     write_logsync_palace(daemon.palace, "d2", bulk=600)
-    wait_until(
+    second = wait_until(
         vectors_converged(nodes, origins=1, events=7 + 7 + 600),
         timeout=CONVERGE_TIMEOUT_S,
         what="the hub to pull the daemon's second batch",
         state=describe_vectors(nodes),
     )
+    lab.figure(f"hub pulling a daemon via peers.json: {first:.1f} s, then {second:.1f} s")
     assert_same_replica_content(snapshot(lab, daemon), snapshot(lab, hub))
     peers = hub.get_json("/sync/peers")["peers"]
     entry = next(p for p in peers if p["url"] == daemon.url)
@@ -286,13 +287,14 @@ def test_mesh_of_two_hubs_and_two_daemons_converges(lab: Lab) -> None:
 
     per_node = 8
     write_concurrently(lab, nodes, per_node)
-    wait_until(
+    took = wait_until(
         vectors_converged(nodes, origins=4, events=4 * per_node),
         timeout=CONVERGE_TIMEOUT_S,
         what="all four nodes to hold the same vector and every event",
         state=describe_vectors(nodes),
         interval=0.5,
     )
+    lab.figure(f"2 hubs + 2 daemons converged {took:.1f} s after the last write")
     reference = snapshot(lab, daemons[0])
     assert len(reference.events) == 4 * per_node
     assert len(reference.artifacts) == 4 * (per_node // 2)
