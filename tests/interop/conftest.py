@@ -156,7 +156,8 @@ def mempalace_exe() -> Path:
     try:
         return ensure_mempalace()
     except HarnessError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        message = str(exc)
+    pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture
