@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,6 +22,8 @@ from logsync.store import Store
 
 
 @cli.command("serve")
+@click.option("--palace", "serve_palace", type=click.Path(file_okay=False),
+              help="Palace directory (as upstream's `serve --palace`; overrides the global one).")
 @click.option("--host", default=DEFAULT_HOST, show_default=True)
 @click.option("--port", type=int, default=DEFAULT_PORT, show_default=True)
 @click.option("--token", envvar="LOGSYNC_TOKEN", help="Bearer token (env LOGSYNC_TOKEN); "
@@ -37,7 +40,8 @@ from logsync.store import Store
 @json_option
 @click.pass_context
 @handles_errors
-def serve_cmd(ctx: click.Context, as_json: bool, host: str, port: int, token: str | None,
+def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host: str,
+              port: int, token: str | None,
               interval: float, tls_cert: str | None, tls_key: str | None, ca_file: str | None,
               no_notify: bool, log_level: str) -> None:
     """Serve this palace over /sync/* and pull from every peer in peers.json."""
@@ -48,7 +52,7 @@ def serve_cmd(ctx: click.Context, as_json: bool, host: str, port: int, token: st
     for noisy in ("httpx", "httpcore"):  # one line per request drowns the daemon's own log
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     config = DaemonConfig(
-        palace=palace_of(ctx), host=host, port=port, token=token, interval=interval,
+        palace=Path(serve_palace).expanduser() if serve_palace else palace_of(ctx), host=host, port=port, token=token, interval=interval,
         tls_cert=tls_cert, tls_key=tls_key, ca_file=ca_file, notifications=not no_notify,
         log_level=log_level,
     )
