@@ -90,7 +90,7 @@ class PeerClient:
             timeout=httpx.Timeout(timeout, connect=connect_timeout),
             limits=httpx.Limits(max_connections=concurrency,
                                 max_keepalive_connections=concurrency),
-            verify=_tls_context(verify, ca_file),
+            verify=tls_context(verify, ca_file),
             transport=transport,
             follow_redirects=False,
         )
@@ -339,7 +339,7 @@ def _check_url(url: object) -> str:
     return str(parsed).rstrip("/")
 
 
-def _tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext | bool:
+def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext | bool:
     if not verify:
         return False
     if ca_file is None:

@@ -26,7 +26,7 @@ import uvicorn
 from anyio.abc import TaskGroup
 
 from logsync import peers as peers_mod
-from logsync.client import PeerClient
+from logsync.client import PeerClient, tls_context
 from logsync.defaults import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
 from logsync.engine import PullSchedule
 from logsync.errors import ConfigError, LogsyncError, PeerError, PeerTransientError, StoreError
@@ -176,7 +176,7 @@ class Daemon:
             task.wake.set()
 
         await watch_stream(task.peer.url, task.peer.token, changed, rng=self._rng,
-                           verify=self.config.ca_file or True)
+                           verify=tls_context(True, self.config.ca_file))
 
     # ── one peer ──────────────────────────────────────────────────────
 

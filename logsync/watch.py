@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+import ssl
 from collections.abc import Callable
 
 import anyio
@@ -30,7 +31,7 @@ async def watch_stream(
     on_change: Callable[[], None],
     *,
     rng: random.Random,
-    verify: bool | str = True,
+    verify: bool | ssl.SSLContext = True,
     backoff_cap: float = 30.0,
 ) -> None:
     """Call `on_change` for every event frame; reconnect forever with backoff.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -36,24 +37,35 @@ def run(palace: Path, *args: str, check: bool = True) -> subprocess.CompletedPro
 class Daemon:
     """One `logsync serve` subprocess with its log kept for failure messages."""
 
-    def __init__(self, palace: Path, port: int, token: str, interval: float = 5.0) -> None:
+    def __init__(self, palace: Path, port: int, token: str, interval: float = 5.0,
+                 tls: tuple[Path, Path] | None = None) -> None:
         self.palace, self.port, self.token = palace, port, token
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        self.verify: bool | ssl.SSLContext = (
+            ssl.create_default_context(cafile=str(tls[0])) if tls else True)
+        extra = ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
         self.log = palace.parent / f"{palace.name}.log"
         palace.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log, "w")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             [*PY, "--palace", str(palace), "serve", "--port", str(port), "--token", token,
-             "--interval", str(interval)],
+             "--interval", str(interval), *extra],
             stdout=self._log_file, stderr=subprocess.STDOUT,
         )
-        wait_for(self._healthy, 20, f"daemon on {self.url} never became healthy", self)
+        try:
+            wait_for(self._healthy, 20, f"daemon on {self.url} never became healthy", self)
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait(5)
+            self.close()
+            raise
 
     def _healthy(self) -> bool:
         if self.proc.poll() is not None:
             raise AssertionError(f"daemon exited early:\n{self.log.read_text()}")
         try:
-            return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
+            return httpx.get(self.url + "/healthz", timeout=1,
+                             verify=self.verify).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -214,3 +226,33 @@ def _count(palace: Path) -> int:
     with Store.open(palace) as store:
         return store.counts()["events"]
 
+
+
+def self_signed(tmp: Path) -> tuple[Path, Path]:
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )
+    return cert, key
+
+
+def test_tls_serving_and_pulling_with_a_ca_file(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    a = Daemon(tmp_path / "a", free_port(), "tok-a", tls=(cert, key))
+    try:
+        run(a.palace, "append", "--type", "note", "--stream", "s", "--room", "r",
+            "--from-agent", "pi@a")
+        pulled = json.loads(run(tmp_path / "b", "sync", "--peer", a.url, "--token", a.token,
+                                "--ca-file", str(cert), "--json").stdout)
+        assert pulled[0]["pulled_events"] == 1
+        unverified = run(tmp_path / "c", "sync", "--peer", a.url, "--token", a.token,
+                         check=False)
+        assert unverified.returncode == 1 and "Traceback" not in unverified.stderr
+        half = run(tmp_path / "d", "serve", "--tls-cert", str(cert), check=False)
+        assert half.returncode == 1
+        assert "--tls-cert and --tls-key go together" in half.stderr
+    finally:
+        a.stop()
