@@ -6,6 +6,7 @@ with --json), 2 timeout (`wait`) or a usage error.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -29,19 +30,33 @@ def cli(ctx: click.Context, palace: str | None) -> None:
 
 
 def main() -> None:
-    """Entry point: never lets a traceback reach the user unless LOGSYNC_DEBUG is set."""
+    """Entry point: every failure is one line, never a traceback (unless LOGSYNC_DEBUG)."""
+    as_json = "--json" in sys.argv[1:]
     try:
-        cli.main(standalone_mode=True)
-    except SystemExit:
-        raise
+        code = cli.main(standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `logsync`: the help, not an error
+        click.echo(exc.format_message())
+        sys.exit(0)
+    except click.exceptions.Abort:
+        _one_line("aborted", as_json)
+    except click.ClickException as exc:  # usage errors too: one sentence, exit 1
+        _one_line(exc.format_message(), as_json)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)
     except Exception as exc:  # the last line of defence, not a control path
         if os.environ.get("LOGSYNC_DEBUG"):
             raise
-        click.echo(f"Error: unexpected {type(exc).__name__}: {exc}", err=True)
-        sys.exit(1)
+        _one_line(f"unexpected {type(exc).__name__}: {exc}", as_json)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line(message: str, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"error": message}, ensure_ascii=False))
+    else:
+        click.echo(f"Error: {message}", err=True)
+    sys.exit(1)
 
 
 from logsync.cli import (

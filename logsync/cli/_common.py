@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 import platformdirs
 
-from logsync.errors import LogsyncError
+from logsync.errors import LogsyncError, ValidationError, shorten
 from logsync.store import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -95,7 +95,7 @@ def write_stdout_exact(content: str) -> None:
 def read_text(inline: str | None, path: str | None, default: str | None = "") -> str | None:
     """Inline text or a file ('-' = stdin), byte-exact."""
     if inline is not None and path is not None:
-        raise click.UsageError("pass inline text or a file, not both")
+        raise ValidationError("pass inline text or a file, not both")
     if path is not None:
         if path == "-":
             return read_stdin_exact()
@@ -109,9 +109,9 @@ def parse_metadata(raw: str | None) -> dict[str, Any] | None:
     try:
         value = json.loads(raw)
     except ValueError as exc:
-        raise click.BadParameter(f"is not valid JSON ({exc})", param_hint="--metadata") from None
+        raise ValidationError(f"--metadata={shorten(raw)} is not valid JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--metadata")
+        raise ValidationError(f"--metadata={shorten(raw)} is invalid: must be a JSON object")
     return value
 
 
