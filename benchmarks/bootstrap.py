@@ -1,0 +1,224 @@
+"""Bootstrap: a fresh replica pulls N events with P patch artifacts, four ways, one run.
+
+  (a) from a logsync daemon, logsync client (extensions negotiated: msgpack,
+      large pages, inline artifacts)
+  (b) from a MemPalace 3.11 hub serving the same palace, logsync client
+      (upstream shapes: JSON, 500-event pages, one request per artifact)
+  (c) the upstream's own `mempalace logstream sync` pulling from that hub
+  (d) the raw limit: the same rows inserted straight into SQLite with
+      executemany (benchmarks/apply.py's baseline)
+
+(a) and (b) are timed twice: in-process (`client.sync_once`, what the daemon
+runs) and as the `logsync sync` CLI, which pays interpreter start-up like (c).
+Every CLI is also run a second time on its now-complete replica: that no-op
+round is its fixed cost (start-up + one vector fetch), so "net" = wall - no-op.
+Every replica must end with all N events and P artifacts, or the run fails.
+
+Usage: python benchmarks/bootstrap.py [--events N] [--patches P] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _harness import (
+    Bench,
+    BenchError,
+    HarnessError,
+    ServerProcess,
+    child_env,
+    copy_palace,
+    count_rows,
+    emit,
+    logsync_env,
+    machine,
+    positive_float,
+    positive_int,
+    run_timed,
+)
+from apply import pages, time_raw
+from workload import build_origin
+
+from logsync.client import sync_once
+from logsync.store import Store
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=positive_int, default=20_000)
+    parser.add_argument("--patches", type=positive_int, default=500)
+    parser.add_argument("--cli-timeout", type=positive_float, default=1800.0,
+                        help="bound on any one sync CLI run, seconds")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (debugging)")
+    args = parser.parse_args(argv)
+    if args.patches > args.events:
+        parser.error(f"--patches {args.patches} is invalid: must be <= --events {args.events}")
+    return args
+
+
+class Expect:
+    """What every replica must hold at the end: the origin's counts."""
+
+    def __init__(self, events: int, artifacts: int) -> None:
+        self.events, self.artifacts = events, artifacts
+
+    def check(self, palace: Path, label: str) -> None:
+        got = (count_rows(palace, "events"), count_rows(palace, "artifacts"))
+        if got != (self.events, self.artifacts):
+            raise BenchError(f"{label}: replica holds {got[0]} events / {got[1]} artifacts, "
+                             f"expected {self.events} / {self.artifacts}")
+
+
+def in_process(bench: Bench, name: str, server: ServerProcess, expect: Expect) -> dict[str, Any]:
+    """`sync_once` into a fresh store: the daemon's own pull, without start-up cost."""
+    palace = bench.path(name)
+    with Store.open(palace) as store:
+        began = time.perf_counter()
+        report = sync_once(store, server.url, server.token, timeout=120.0)
+        seconds = time.perf_counter() - began
+    expect.check(palace, name)
+    return {"seconds": seconds, "requests": report.requests,
+            "bytes": report.bytes_received, "extensions": report.extensions}
+
+
+def via_cli(bench: Bench, name: str, argv_for: Any, env: dict[str, str], expect: Expect,
+            timeout: float) -> dict[str, Any]:
+    """A CLI sync into a fresh palace, then the same CLI again as the no-op baseline."""
+    palace = bench.path(name)
+    wall, _ = run_timed(argv_for(palace), env, bench.root, timeout)
+    expect.check(palace, name)
+    noop, _ = run_timed(argv_for(palace), env, bench.root, timeout)
+    expect.check(palace, f"{name} (second run)")
+    return {"seconds": wall, "noop_seconds": noop, "net_seconds": max(wall - noop, 1e-9)}
+
+
+def logsync_cli(bench: Bench, server: ServerProcess):  # type: ignore[no-untyped-def]
+    def argv(palace: Path) -> list[str]:
+        return [sys.executable, "-m", "logsync", "--palace", str(palace), "sync",
+                "--peer", server.url, "--token", server.token, "--json"]
+    return argv, logsync_env(bench.path(f"home-cli-{server.name}"))
+
+
+def upstream_cli(bench: Bench, server: ServerProcess):  # type: ignore[no-untyped-def]
+    exe = bench.mempalace_exe
+
+    def argv(palace: Path) -> list[str]:
+        return [str(exe), "--palace", str(palace), "logstream", "sync",
+                "--peer", server.url, "--token", server.token, "--json"]
+    return argv, child_env(bench.path("home-cli-mempalace"))
+
+
+def measure(args: argparse.Namespace, bench: Bench) -> dict[str, Any]:
+    origin_dir = bench.root / "origin"
+    began = time.perf_counter()
+    origin = build_origin(origin_dir, args.events, args.patches)
+    expect = Expect(**{k: origin.counts()[k] for k in ("events", "artifacts")})
+    work = pages(origin)
+    origin.close()
+    built = time.perf_counter() - began
+    copy_palace(origin_dir, bench.root / "hub-palace")
+
+    raw = time_raw(work, bench.root / "raw")
+    raw_rows = _raw_count(bench.root / "raw")
+    if raw_rows != expect.events:
+        raise BenchError(f"raw: inserted {raw_rows} events, expected {expect.events}")
+
+    daemon = bench.daemon("daemon", origin_dir)
+    hub = bench.hub("hub", bench.root / "hub-palace")
+    for server in (daemon, hub):
+        warm_up(server)
+    runs: dict[str, Any] = {"raw": {"seconds": raw}}
+    runs["a_inproc"] = in_process(bench, "a-inproc", daemon, expect)
+    runs["b_inproc"] = in_process(bench, "b-inproc", hub, expect)
+    argv, env = logsync_cli(bench, daemon)
+    runs["a_cli"] = via_cli(bench, "a-cli", argv, env, expect, args.cli_timeout)
+    argv, env = logsync_cli(bench, hub)
+    runs["b_cli"] = via_cli(bench, "b-cli", argv, env, expect, args.cli_timeout)
+    argv, env = upstream_cli(bench, hub)
+    runs["c_upstream"] = via_cli(bench, "c-upstream", argv, env, expect, args.cli_timeout)
+    for run in runs.values():
+        run["events_per_s"] = args.events / run["seconds"]
+    return {"benchmark": "bootstrap", "events": expect.events, "artifacts": expect.artifacts,
+            "origin_build_seconds": built, "runs": runs, "ratios": ratios(runs),
+            "machine": machine()}
+
+
+def warm_up(server: ServerProcess) -> None:
+    """First requests pay one-off costs (the hub opens and checks its store lazily)."""
+    vector = server.version_vector()
+    for origin in vector:
+        server.get_json("/sync/ops", {"origin": origin, "after": 0, "limit": 1})
+
+
+def _raw_count(root: Path) -> int:
+    import sqlite3
+
+    conn = sqlite3.connect(root / "raw.sqlite3")
+    try:
+        return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def ratios(runs: dict[str, Any]) -> dict[str, Any]:
+    """The issue's three targets, each on wall time and on net (minus start-up) time."""
+    a, b, c = runs["a_cli"], runs["b_cli"], runs["c_upstream"]
+    return {
+        "upstream_over_a": {"wall": c["seconds"] / a["seconds"],
+                            "net": c["net_seconds"] / a["net_seconds"], "target": ">= 10"},
+        "a_over_raw": {"inproc": runs["a_inproc"]["seconds"] / runs["raw"]["seconds"],
+                       "target": "<= 2"},
+        "upstream_over_b": {"wall": c["seconds"] / b["seconds"],
+                            "net": c["net_seconds"] / b["net_seconds"],
+                            "inproc": c["net_seconds"] / runs["b_inproc"]["seconds"],
+                            "target": "> 1"},
+    }
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    runs, r, m = result["runs"], result["ratios"], result["machine"]
+    labels = {
+        "raw": "(d) raw executemany", "a_inproc": "(a) daemon, logsync in-process",
+        "a_cli": "(a) daemon, `logsync sync`", "b_inproc": "(b) hub, logsync in-process",
+        "b_cli": "(b) hub, `logsync sync`", "c_upstream": "(c) hub, `mempalace logstream sync`",
+    }
+    lines = [f"bootstrap: {result['events']} events, {result['artifacts']} patch artifacts "
+             f"(every replica verified complete); {m['cpus']} cpus, load {m['loadavg_1m']}"]
+    for key, label in labels.items():
+        run = runs[key]
+        extra = ""
+        if "noop_seconds" in run:
+            extra = f"  (no-op rerun {run['noop_seconds']:.2f} s, net {run['net_seconds']:.2f} s)"
+        if "requests" in run:
+            extra = f"  ({run['requests']} requests, ext: {','.join(run['extensions']) or '-'})"
+        lines.append(f"  {label:38s} {run['seconds']:8.2f} s {run['events_per_s']:9.0f} ev/s"
+                     + extra)
+    u_a, a_raw, u_b = r["upstream_over_a"], r["a_over_raw"], r["upstream_over_b"]
+    lines += [
+        f"  upstream/(a): {u_a['wall']:6.1f}x wall, {u_a['net']:6.1f}x net   (target >= 10x)",
+        f"  (a)/raw:      {a_raw['inproc']:6.2f}x in-process              (target <= 2x)",
+        f"  upstream/(b): {u_b['wall']:6.1f}x wall, {u_b['net']:6.1f}x net, "
+        f"{u_b['inproc']:.1f}x vs in-process   (target > 1x)",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        with Bench(keep=args.keep) as bench:
+            result = measure(args, bench)
+    except (BenchError, HarnessError) as exc:
+        print(f"bootstrap benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    emit(result, render(result), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
