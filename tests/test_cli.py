@@ -334,13 +334,22 @@ def test_a_corrupt_replica_file_is_a_clear_error(run: Any, palace: Path) -> None
     assert (palace / "replica.json").read_text() == "{nope"
 
 
-def test_usage_errors_never_print_a_traceback(run: Any) -> None:
-    missing = run("append", "--type", "t")
-    assert missing.exit_code == 2
-    assert "Missing option" in missing.stderr
-    bad_choice = run("list", "--order", "sideways")
-    assert bad_choice.exit_code == 2
-    assert "'sideways' is not one of 'asc', 'desc', 'hlc'" in bad_choice.stderr
+def test_usage_errors_are_one_line_through_the_real_entry_point(palace: Path) -> None:
+    """`main()` (what the console script runs) turns click's usage errors into
+    the same one-line form, exit 1; `wait`'s exit 2 stays unambiguous."""
+    missing = sh(palace, "append", "--type", "t")
+    assert missing.returncode == 1
+    assert missing.stdout == b""
+    assert missing.stderr == b"Error: Missing option '--stream'.\n"
+    bad_choice = sh(palace, "list", "--order", "sideways", "--json")
+    assert bad_choice.returncode == 1
+    assert json.loads(bad_choice.stdout) == {
+        "error": "Invalid value for '--order': 'sideways' is not one of 'asc', 'desc', 'hlc'."
+    }
+    typo = sh(palace, "wait", "--timeout-msec", "5")
+    assert typo.returncode == 1
+    assert typo.stderr.startswith(b"Error: No such option '--timeout-msec'")
+    assert typo.stderr.count(b"\n") == 1
 
 
 # ── a real subprocess ─────────────────────────────────────────────────
