@@ -54,17 +54,17 @@ def time_raw(work: list[tuple[list[dict], list[dict]]], root: Path) -> float:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
-    conn.executescript(store_mod._UPSTREAM_SCHEMA)
+    conn.executescript(store_mod.UPSTREAM_SCHEMA)
     conn.execute("CREATE UNIQUE INDEX events_origin_seq_idx ON events(origin_replica, origin_seq)")
     conn.execute("CREATE INDEX events_hlc_idx ON events(hlc)")
     conn.execute("CREATE INDEX events_topic_created_idx ON events(topic, created_at)")
     start = time.perf_counter()
     for ops, arts in work:
         conn.execute("BEGIN")
-        conn.executemany(store_mod._INSERT_ARTIFACT, [
+        conn.executemany(store_mod.INSERT_ARTIFACT, [
             (a["id"], a["kind"], a["sha256"], a["size_bytes"], a["content"], a["created_by"],
              a["created_at"], "{}", a["origin_replica"]) for a in arts])
-        conn.executemany(store_mod._INSERT_EVENT, [
+        conn.executemany(store_mod.INSERT_EVENT, [
             (e["id"], e["type"], e["stream"], e["room"], e["topic"], e["from_agent"],
              e["to_agent"], e["correlation_id"], e["branch"], e["base_commit"], e["status"],
              e["body"], e["created_at"], '{"attempt": 1}', e["origin_replica"],

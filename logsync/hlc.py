@@ -82,6 +82,19 @@ class HybridLogicalClock:
                 self._ms, self._counter = self._ms + 1, 0
             return render(self._ms, self._counter, self.replica_id)
 
+    def absorb_own(self, stamp: object) -> None:
+        """Absorb a stamp this replica issued earlier, whatever the wall clock says now.
+
+        Our own stamps are not a remote clock to distrust: skipping one because
+        the wall clock went back would let the next tick sort before it.
+        """
+        parsed = parse(stamp)
+        if parsed is None or parsed.replica_id != self.replica_id:
+            return
+        with self._lock:
+            if (parsed.ms, parsed.counter) > (self._ms, self._counter):
+                self._ms, self._counter = parsed.ms, parsed.counter
+
     def observe(self, stamp: object) -> bool:
         """Absorb a remote stamp; False if malformed or beyond the drift bound.
 

@@ -144,6 +144,29 @@ def test_reopen_with_a_regressed_wall_clock_still_ticks_past_stored_stamps(
     assert nxt < far["hlc"]
 
 
+def test_our_own_stamps_are_absorbed_after_a_regression_beyond_the_drift_bound(
+    palace: Path,
+) -> None:
+    """Invariant 7 across a restart: a wall clock 10 minutes back never reorders our ops."""
+    with Store.open(palace, wall_ms=FakeClock(), new_id=CountingIds("a")) as store:
+        last = note(store)["hlc"]
+    with Store.open(palace, wall_ms=FakeClock(T0_MS - 600_000), new_id=CountingIds("b")) as store:
+        nxt = note(store)["hlc"]
+    assert nxt == hlc.render(T0_MS, 1, store.replica_id)
+    assert nxt > last
+
+
+def test_another_process_ticks_are_absorbed_before_each_append(palace: Path) -> None:
+    """Two writers on one palace: each append first catches up with the other's stamps."""
+    ahead = FakeClock(T0_MS + 5_000)
+    with Store.open(palace, wall_ms=ahead, new_id=CountingIds("a")) as first, Store.open(
+        palace, wall_ms=FakeClock(), new_id=CountingIds("b")
+    ) as second:
+        a = note(first)
+        b = note(second)
+    assert b["hlc"] > a["hlc"] and b["origin_seq"] == a["origin_seq"] + 1
+
+
 def test_failed_append_leaves_no_trace_and_no_seq_gap(store: Store) -> None:
     note(store)
     with pytest.raises(ValidationError):

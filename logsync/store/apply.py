@@ -1,0 +1,440 @@
+"""Applying a page of remote ops: DESIGN.md invariants 1-6 in one transaction.
+
+Per origin, ops are taken in origin_seq order and each is classified:
+insert, duplicate (identical content under the same key), conflict (the
+same key or id with different content, an op forged under our own origin,
+or a new op below the origin's high-water mark) or quarantine (fails
+validation, or names an artifact not present). A conflict never
+overwrites; a quarantined op or an id collision stops only its origin for
+the rest of the call. Conflicts and quarantine rows are deduplicated by a
+digest, and seeing them again bumps a counter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from logsync import model
+from logsync.errors import ValidationError
+from logsync.replica import is_replica_id
+from logsync.store.rows import (
+    artifact_dict,
+    artifact_wire,
+    chunks,
+    row_wire,
+    same_artifact,
+    same_event,
+)
+from logsync.store.schema import INSERT_ARTIFACT, INSERT_EVENT
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What one `apply_remote` call did."""
+
+    applied: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    quarantined: int = 0
+    artifacts_applied: int = 0
+    high_water: dict[str, int] = field(default_factory=dict)
+    stopped: dict[str, str] = field(default_factory=dict)
+    applied_per_origin: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _ApplyState:
+    """Mutable bookkeeping for one apply transaction."""
+
+    now: str
+    known_artifacts: set[str] = field(default_factory=set)
+    events: list[tuple[Any, ...]] = field(default_factory=list)
+    links: list[tuple[str, str]] = field(default_factory=list)
+    conflicts: list[tuple[Any, ...]] = field(default_factory=list)
+    quarantine: list[tuple[Any, ...]] = field(default_factory=list)
+    applied_ids: set[str] = field(default_factory=set)
+    duplicates: int = 0
+    artifacts_applied: int = 0
+    high_water: dict[str, int] = field(default_factory=dict)
+    stopped: dict[str, str] = field(default_factory=dict)
+    per_origin: dict[str, int] = field(default_factory=dict)
+    max_hlc: str | None = None
+
+
+def apply_page(
+    conn: sqlite3.Connection,
+    replica_id: str,
+    events: Sequence[Any],
+    artifacts: Sequence[Any],
+    now: str,
+) -> tuple[ApplyResult, str | None]:
+    """Apply inside the caller's transaction; returns the result and the newest HLC applied."""
+    state = _ApplyState(now=now)
+    applier = _Applier(conn, replica_id, state)
+    applier.apply_artifacts(artifacts)
+    for origin, ops in group_by_origin(events).items():
+        applier.apply_origin(origin, ops)
+    conn.executemany(INSERT_EVENT, state.events)
+    conn.executemany(
+        "INSERT OR IGNORE INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)",
+        state.links,
+    )
+    record_ledgers(conn, state)
+    result = ApplyResult(
+        applied=len(state.events),
+        duplicates=state.duplicates,
+        conflicts=len(state.conflicts),
+        quarantined=len(state.quarantine),
+        artifacts_applied=state.artifacts_applied,
+        high_water=state.high_water,
+        stopped=state.stopped,
+        applied_per_origin=state.per_origin,
+    )
+    return result, state.max_hlc
+
+
+class _Applier:
+    """The decisions of one apply call, over one connection inside one transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, replica_id: str, state: _ApplyState) -> None:
+        self.conn = conn
+        self.replica_id = replica_id
+        self.state = state
+
+    def apply_artifacts(self, artifacts: Sequence[Any]) -> None:
+        conn, state = self.conn, self.state
+        valid: dict[str, dict[str, Any]] = {}
+        for raw in artifacts:
+            try:
+                art = model.validate_remote_artifact(raw)
+            except ValidationError as exc:
+                _quarantine(state, "artifact", raw, str(exc))
+                continue
+            valid.setdefault(art["id"], art)
+        existing = fetch_by_ids(conn, "SELECT * FROM artifacts WHERE id IN ({})", list(valid))
+        rows = []
+        for art_id, art in valid.items():
+            have = existing.get(art_id)
+            if have is None:
+                rows.append(
+                    (
+                        art_id,
+                        art["kind"],
+                        art["sha256"],
+                        art["size_bytes"],
+                        art["content"],
+                        art["created_by"],
+                        art["created_at"],
+                        art["metadata_json"],
+                        art["origin_replica"],
+                    )
+                )
+            elif not same_artifact(have, art):
+                _conflict(
+                    state,
+                    "artifact",
+                    art_id,
+                    None,
+                    None,
+                    "an artifact with this id but different content is already stored",
+                    artifact_dict(have),
+                    artifact_wire(art),
+                )
+            state.known_artifacts.add(art_id)
+        conn.executemany(INSERT_ARTIFACT, rows)
+        state.artifacts_applied += len(rows)
+
+    def apply_origin(self, origin: str, ops: list[Any]) -> None:
+        """Apply one origin's ops in origin_seq order, stopping at the first bad one."""
+        conn, state = self.conn, self.state
+        if not is_replica_id(origin):
+            # No history to keep a prefix of, and not a safe SQL value: refuse each op.
+            for op in ops:
+                _quarantine(state, "event", op, _validation_error(op))
+            self._stop(origin, "origin_replica is not a replica id")
+            return
+        seqs = [s for s in (_raw_seq(op) for op in ops) if s is not None]
+        by_seq = _existing_by_seq(conn, origin, seqs)
+        ids = [  # only well-formed ids are safe to look up (a lone surrogate is not)
+            op["id"]
+            for op in ops
+            if isinstance(op, Mapping)
+            and isinstance(op.get("id"), str)
+            and model.ID_RE.match(op["id"])
+        ]
+        by_id = fetch_by_ids(conn, "SELECT rowid, * FROM events WHERE id IN ({})", ids)
+        top = conn.execute(
+            "SELECT coalesce(max(origin_seq), 0) FROM events WHERE origin_replica = ?", (origin,)
+        ).fetchone()[0]
+        batch_keys: dict[int, dict[str, Any]] = {}
+        for op in ops:
+            try:
+                row = model.validate_remote_event(op)
+            except ValidationError as exc:
+                self._stop(origin, _quarantine(state, "event", op, str(exc)))
+                break
+            outcome = self._classify(row, op, by_seq, by_id, batch_keys, top)
+            if outcome == "stop":
+                break
+            if outcome == "insert":
+                batch_keys[row["origin_seq"]] = row
+                self._stage_insert(row)
+                top = max(top, row["origin_seq"])
+        if origin != self.replica_id and is_replica_id(origin):
+            state.high_water[origin] = max(top, state.high_water.get(origin, 0))
+
+    def _classify(
+        self,
+        row: dict[str, Any],
+        op: Any,
+        by_seq: dict[int, sqlite3.Row],
+        by_id: dict[str, sqlite3.Row],
+        batch: dict[int, dict[str, Any]],
+        top: int,
+    ) -> str:
+        """Decide one validated op: 'insert', 'skip' (duplicate/conflict) or 'stop'."""
+        state = self.state
+        seq, origin = row["origin_seq"], row["origin_replica"]
+        local = batch.get(seq)
+        if local is None and seq in by_seq:
+            local = self._stored_row(by_seq[seq])
+        if local is not None:
+            if same_event(local, row):
+                state.duplicates += 1
+                return "skip"
+            _conflict(
+                state,
+                "fork",
+                row["id"],
+                origin,
+                seq,
+                "the same (origin_replica, origin_seq) arrived with different content",
+                row_wire(local),
+                op,
+            )
+            return "skip"
+        if origin == self.replica_id:
+            _conflict(
+                state,
+                "forged_origin",
+                row["id"],
+                origin,
+                seq,
+                "an op claims this replica as its origin but this replica never wrote it",
+                None,
+                op,
+            )
+            return "skip"
+        if row["id"] in by_id or row["id"] in state.applied_ids:
+            have = by_id.get(row["id"])
+            _conflict(
+                state,
+                "id_collision",
+                row["id"],
+                origin,
+                seq,
+                "an event with this id already exists under another (origin, origin_seq)",
+                self._stored_row(have) if have is not None else None,
+                op,
+            )
+            self._stop(origin, "id collision")
+            return "stop"
+        if seq <= top:
+            _conflict(
+                state,
+                "history_rewrite",
+                row["id"],
+                origin,
+                seq,
+                f"origin_seq {seq} is at or below this origin's high-water mark {top} "
+                "but was never held here: the origin's history changed",
+                None,
+                op,
+            )
+            return "skip"
+        missing = [a for a in row["artifact_ids"] if not self._has_artifact(a)]
+        if missing:
+            reason = f"names artifact {missing[0]!r}, which is not present"
+            self._stop(origin, _quarantine(state, "event", op, reason))
+            return "stop"
+        return "insert"
+
+    def _stop(self, origin: str, reason: str) -> None:
+        self.state.stopped.setdefault(origin, reason)
+
+    def _has_artifact(self, art_id: str) -> bool:
+        state = self.state
+        if art_id in state.known_artifacts:
+            return True
+        found = self.conn.execute("SELECT 1 FROM artifacts WHERE id = ?", (art_id,)).fetchone()
+        if found:
+            state.known_artifacts.add(art_id)
+        return bool(found)
+
+    def _stored_row(self, row: sqlite3.Row) -> dict[str, Any]:
+        """A stored event in the validated-row shape, for content comparison."""
+        links = self.conn.execute(
+            "SELECT artifact_id FROM event_artifacts WHERE event_id = ? ORDER BY artifact_id",
+            (row["id"],),
+        ).fetchall()
+        stored = {k: row[k] for k in row.keys() if k != "rowid"}
+        stored["artifact_ids"] = [link[0] for link in links]
+        return stored
+
+    def _stage_insert(self, row: dict[str, Any]) -> None:
+        state = self.state
+        state.events.append(
+            (
+                row["id"],
+                row["type"],
+                row["stream"],
+                row["room"],
+                row["topic"],
+                row["from_agent"],
+                row["to_agent"],
+                row["correlation_id"],
+                row["branch"],
+                row["base_commit"],
+                row["status"],
+                row["body"],
+                row["created_at"],
+                row["metadata_json"],
+                row["origin_replica"],
+                row["origin_seq"],
+                row["hlc"],
+            )
+        )
+        state.links.extend((row["id"], a) for a in row["artifact_ids"])
+        state.applied_ids.add(row["id"])
+        origin = row["origin_replica"]
+        state.per_origin[origin] = state.per_origin.get(origin, 0) + 1
+        if state.max_hlc is None or row["hlc"] > state.max_hlc:
+            state.max_hlc = row["hlc"]
+
+
+def _raw_seq(op: Any) -> int | None:
+    seq = op.get("origin_seq") if isinstance(op, Mapping) else None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+
+
+def _validation_error(op: Any) -> str:
+    try:
+        model.validate_remote_event(op)
+    except ValidationError as exc:
+        return str(exc)
+    return "origin_replica is not a replica id"
+
+
+def group_by_origin(events: Sequence[Any]) -> dict[str, list[Any]]:
+    """Ops per origin in origin_seq order; ops without a usable seq sort last."""
+    groups: dict[str, list[tuple[float, int, Any]]] = {}
+    for index, op in enumerate(events):
+        origin = op.get("origin_replica") if isinstance(op, Mapping) else None
+        # An entry with no usable origin belongs to no history: it stands alone.
+        key = origin if isinstance(origin, str) else f"<no origin: entry {index}>"
+        seq = _raw_seq(op)
+        groups.setdefault(key, []).append((float("inf") if seq is None else seq, index, op))
+    return {
+        k: [op for _, _, op in sorted(v, key=lambda t: (t[0], t[1]))] for k, v in groups.items()
+    }
+
+
+def _existing_by_seq(
+    conn: sqlite3.Connection, origin: str, seqs: list[int]
+) -> dict[int, sqlite3.Row]:
+    if not seqs:
+        return {}
+    rows = conn.execute(
+        "SELECT rowid, * FROM events WHERE origin_replica = ? AND origin_seq BETWEEN ? AND ?",
+        (origin, min(seqs), max(seqs)),
+    ).fetchall()
+    return {r["origin_seq"]: r for r in rows}
+
+
+def fetch_by_ids(conn: sqlite3.Connection, sql: str, ids: list[str]) -> dict[str, sqlite3.Row]:
+    out: dict[str, sqlite3.Row] = {}
+    for chunk in chunks(sorted(set(ids)), 500):
+        rows = conn.execute(sql.format(",".join("?" * len(chunk))), chunk).fetchall()
+        out.update((r["id"], r) for r in rows)
+    return out
+
+
+def _payload(value: Any) -> str:
+    """Verbatim JSON of what a peer sent; escaped where it holds lone surrogates."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=repr)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value, ensure_ascii=True, sort_keys=True, default=repr)
+    return text
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _quarantine(state: _ApplyState, kind: str, item: Any, reason: str) -> str:
+    payload = _payload(item)
+    origin = item.get("origin_replica") if isinstance(item, Mapping) else None
+    item_id = item.get("id") if isinstance(item, Mapping) else None
+    state.quarantine.append(
+        (
+            state.now,
+            kind,
+            origin if is_replica_id(origin) else None,
+            _raw_seq(item),
+            item_id if isinstance(item_id, str) and model.ID_RE.match(item_id) else None,
+            reason,
+            payload,
+            _digest(kind, reason, payload),
+        )
+    )
+    return reason
+
+
+def _conflict(
+    state: _ApplyState,
+    kind: str,
+    item_id: str,
+    origin: str | None,
+    seq: int | None,
+    reason: str,
+    local: Any,
+    remote: Any,
+) -> None:
+    local_json = None if local is None else _payload(local)
+    remote_json = _payload(remote)
+    state.conflicts.append(
+        (
+            state.now,
+            kind,
+            origin,
+            seq,
+            item_id,
+            reason,
+            local_json,
+            remote_json,
+            _digest(kind, item_id, local_json or "", remote_json),
+        )
+    )
+
+
+def record_ledgers(conn: sqlite3.Connection, state: _ApplyState) -> None:
+    """Conflicts and quarantine are deduplicated by digest; repeats bump a counter."""
+    conn.executemany(
+        "INSERT INTO logsync_conflicts (detected_at, kind, origin_replica, origin_seq, item_id, "
+        "reason, local_json, remote_json, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT(digest) DO UPDATE SET times_seen = times_seen + 1",
+        state.conflicts,
+    )
+    conn.executemany(
+        "INSERT INTO logsync_quarantine (received_at, kind, origin_replica, origin_seq, item_id, "
+        "reason, payload_json, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT(digest) DO UPDATE SET times_seen = times_seen + 1",
+        state.quarantine,
+    )

@@ -1,0 +1,127 @@
+"""Row shaping and content comparison: stored rows to wire dicts, and back.
+
+Event and artifact dicts come out in upstream key order (`model.EVENT_KEYS`,
+`model.ARTIFACT_KEYS`), so a peer that does not negotiate anything gets
+MemPalace's shapes byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from typing import Any
+
+from logsync import model
+
+
+def event_dict(row: sqlite3.Row) -> dict[str, Any]:
+    try:
+        metadata = json.loads(row["metadata_json"])
+    except (TypeError, ValueError):
+        metadata = {}
+    return {
+        "id": row["id"],
+        "seq": row["rowid"],
+        "origin_replica": row["origin_replica"],
+        "origin_seq": row["origin_seq"],
+        "hlc": row["hlc"],
+        "type": row["type"],
+        "stream": row["stream"],
+        "room": row["room"],
+        "topic": row["topic"],
+        "from_agent": row["from_agent"],
+        "to_agent": row["to_agent"],
+        "correlation_id": row["correlation_id"],
+        "branch": row["branch"],
+        "base_commit": row["base_commit"],
+        "status": row["status"],
+        "artifact_ids": [],
+        "body": row["body"],
+        "created_at": row["created_at"],
+        "metadata": metadata,
+    }
+
+
+def artifact_dict(row: sqlite3.Row) -> dict[str, Any]:
+    try:
+        metadata = json.loads(row["metadata_json"])
+    except (TypeError, ValueError):
+        metadata = {}
+    return {
+        "id": row["id"],
+        "kind": row["kind"],
+        "sha256": row["sha256"],
+        "size_bytes": row["size_bytes"],
+        "content": row["content"],
+        "created_by": row["created_by"],
+        "created_at": row["created_at"],
+        "origin_replica": row["origin_replica"],
+        "metadata": metadata,
+    }
+
+
+def artifact_wire(art: dict[str, Any]) -> dict[str, Any]:
+    out = {k: art[k] for k in model.ARTIFACT_KEYS if k != "metadata"}
+    out["metadata"] = json.loads(art["metadata_json"])
+    return out
+
+
+def row_wire(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in row.items() if k != "metadata_json"}
+    out["metadata"] = json_or_raw(row.get("metadata_json"))
+    return out
+
+
+COMPARED = (
+    "id",
+    "type",
+    "stream",
+    "room",
+    "topic",
+    "from_agent",
+    "to_agent",
+    "correlation_id",
+    "branch",
+    "base_commit",
+    "status",
+    "body",
+    "created_at",
+    "origin_replica",
+    "origin_seq",
+    "hlc",
+    "artifact_ids",
+)
+
+
+def same_event(stored: dict[str, Any], incoming: dict[str, Any]) -> bool:
+    if any(stored.get(k) != incoming.get(k) for k in COMPARED):
+        return False
+    return json_or_raw(stored.get("metadata_json")) == json_or_raw(incoming["metadata_json"])
+
+
+def same_artifact(stored: sqlite3.Row, incoming: dict[str, Any]) -> bool:
+    return (
+        stored["sha256"] == incoming["sha256"]
+        and stored["content"] == incoming["content"]
+        and stored["kind"] == incoming["kind"]
+    )
+
+
+def json_or_raw(text: Any) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def ledger_dict(row: sqlite3.Row, json_columns: tuple[str, ...]) -> dict[str, Any]:
+    out = {k: row[k] for k in row.keys() if k != "digest"}
+    for column in json_columns:
+        out[column.removesuffix("_json")] = json_or_raw(out.pop(column))
+    return out
+
+
+def chunks(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -1,0 +1,174 @@
+"""The upstream `logstream.sqlite3` schema, logsync's own tables, and the migrations.
+
+The DDL of `events`, `artifacts` and `event_artifacts` is MemPalace's, column
+for column, so either program opens a store the other wrote. Migrations are
+named, ordered and idempotent; a store from a release without provenance or
+topic columns gets them, and its rows are backfilled as authored here (as
+upstream does).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime
+
+from logsync import hlc as hlc_mod
+
+EVENT_COLUMNS = (
+    "id, type, stream, room, topic, from_agent, to_agent, correlation_id, branch, "
+    "base_commit, status, body, created_at, metadata_json, origin_replica, origin_seq, hlc"
+)
+INSERT_EVENT = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ({', '.join('?' * 17)})"
+INSERT_ARTIFACT = (
+    "INSERT INTO artifacts (id, kind, sha256, size_bytes, content, created_by, created_at, "
+    "metadata_json, origin_replica) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+FILTER_COLUMNS = ("stream", "room", "topic", "type", "from_agent", "correlation_id", "status")
+
+UPSTREAM_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    id TEXT PRIMARY KEY,
+    type TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    room TEXT NOT NULL,
+    topic TEXT,
+    from_agent TEXT NOT NULL,
+    to_agent TEXT,
+    correlation_id TEXT,
+    branch TEXT,
+    base_commit TEXT,
+    status TEXT,
+    body TEXT NOT NULL DEFAULT '',
+    created_at TEXT NOT NULL,
+    metadata_json TEXT NOT NULL DEFAULT '{}',
+    origin_replica TEXT,
+    origin_seq INTEGER,
+    hlc TEXT
+);
+CREATE INDEX IF NOT EXISTS events_stream_created_idx ON events(stream, created_at);
+CREATE INDEX IF NOT EXISTS events_correlation_idx ON events(correlation_id, created_at);
+CREATE INDEX IF NOT EXISTS events_to_agent_idx ON events(to_agent, created_at);
+CREATE INDEX IF NOT EXISTS events_type_idx ON events(type, created_at);
+CREATE TABLE IF NOT EXISTS artifacts (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    content TEXT NOT NULL,
+    created_by TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    metadata_json TEXT NOT NULL DEFAULT '{}',
+    origin_replica TEXT
+);
+CREATE INDEX IF NOT EXISTS artifacts_sha256_idx ON artifacts(sha256);
+CREATE TABLE IF NOT EXISTS event_artifacts (
+    event_id TEXT NOT NULL,
+    artifact_id TEXT NOT NULL,
+    PRIMARY KEY (event_id, artifact_id)
+);
+"""
+
+LOGSYNC_SCHEMA = """
+CREATE TABLE IF NOT EXISTS logsync_conflicts (
+    id INTEGER PRIMARY KEY,
+    detected_at TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    origin_replica TEXT,
+    origin_seq INTEGER,
+    item_id TEXT,
+    reason TEXT NOT NULL,
+    local_json TEXT,
+    remote_json TEXT NOT NULL,
+    digest TEXT NOT NULL UNIQUE,
+    times_seen INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS logsync_quarantine (
+    id INTEGER PRIMARY KEY,
+    received_at TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    origin_replica TEXT,
+    origin_seq INTEGER,
+    item_id TEXT,
+    reason TEXT NOT NULL,
+    payload_json TEXT NOT NULL,
+    digest TEXT NOT NULL UNIQUE,
+    times_seen INTEGER NOT NULL DEFAULT 1
+);
+"""
+
+
+def migrate(conn: sqlite3.Connection, replica_id: str) -> None:
+    """Bring any upstream or logsync store to the current schema (inside a transaction)."""
+    create_upstream_tables(conn)
+    add_provenance_columns(conn)
+    backfill_provenance(conn, replica_id)
+    create_upstream_indexes(conn)
+    create_logsync_tables(conn)
+
+
+def create_upstream_tables(conn: sqlite3.Connection) -> None:
+    for statement in UPSTREAM_SCHEMA.split(";"):
+        if statement.strip() and "CREATE TABLE" in statement:
+            conn.execute(statement)
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+
+
+def add_provenance_columns(conn: sqlite3.Connection) -> None:
+    """Stores from releases before provenance/topic get the columns added."""
+    have = _columns(conn, "events")
+    for name, kind in (
+        ("topic", "TEXT"),
+        ("origin_replica", "TEXT"),
+        ("origin_seq", "INTEGER"),
+        ("hlc", "TEXT"),
+    ):
+        if name not in have:
+            conn.execute(f"ALTER TABLE events ADD COLUMN {name} {kind}")
+    if "origin_replica" not in _columns(conn, "artifacts"):
+        conn.execute("ALTER TABLE artifacts ADD COLUMN origin_replica TEXT")
+
+
+def backfill_provenance(conn: sqlite3.Connection, replica_id: str) -> None:
+    """Rows without provenance were authored here: seq = rowid, HLC from created_at."""
+    rows = conn.execute(
+        "SELECT rowid, created_at FROM events WHERE origin_replica IS NULL"
+    ).fetchall()
+    for row in rows:
+        ms = _created_at_ms(row["created_at"])
+        stamp = hlc_mod.render(ms, min(row["rowid"], hlc_mod.MAX_COUNTER), replica_id)
+        conn.execute(
+            "UPDATE events SET origin_replica = ?, origin_seq = rowid, hlc = ? WHERE rowid = ?",
+            (replica_id, stamp, row["rowid"]),
+        )
+    conn.execute(
+        "UPDATE artifacts SET origin_replica = ? WHERE origin_replica IS NULL", (replica_id,)
+    )
+
+
+def create_upstream_indexes(conn: sqlite3.Connection) -> None:
+    for statement in UPSTREAM_SCHEMA.split(";"):
+        if "CREATE INDEX" in statement:
+            conn.execute(statement)
+    conn.execute("CREATE INDEX IF NOT EXISTS events_topic_created_idx ON events(topic, created_at)")
+    conn.execute(
+        "CREATE UNIQUE INDEX IF NOT EXISTS events_origin_seq_idx "
+        "ON events(origin_replica, origin_seq)"
+    )
+    conn.execute("CREATE INDEX IF NOT EXISTS events_hlc_idx ON events(hlc)")
+
+
+def create_logsync_tables(conn: sqlite3.Connection) -> None:
+    for statement in LOGSYNC_SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _created_at_ms(value: str) -> int:
+    try:
+        moment = datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except (TypeError, ValueError):
+        return 0
+    return int(moment.timestamp() * 1000)
