@@ -1,7 +1,8 @@
 """The `logsync` command line: thin click commands over the library.
 
-Exit codes: 0 ok, 1 error (one line: `Error: …` on stderr, or `{"error": …}`
-with --json), 2 timeout (`wait`) or a usage error.
+Exit codes: 0 ok, 1 error, usage errors included (one line: `Error: …` on
+stderr, or `{"error": …}` with --json), 2 timeout (`wait`). `main()` is the
+entry point that enforces the one-line form for click's own usage errors.
 """
 
 from __future__ import annotations
