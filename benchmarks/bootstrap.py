@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=positive_int, default=20_000)
     parser.add_argument("--patches", type=positive_int, default=500)
+    parser.add_argument("--repeat", type=positive_int, default=3,
+                        help="rounds of every variant; each figure is the best round")
     parser.add_argument("--cli-timeout", type=positive_float, default=1800.0,
                         help="bound on any one sync CLI run, seconds")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -97,20 +99,20 @@ def via_cli(bench: Bench, name: str, argv_for: Any, env: dict[str, str], expect:
     return {"seconds": wall, "noop_seconds": noop, "net_seconds": max(wall - noop, 1e-9)}
 
 
-def logsync_cli(bench: Bench, server: ServerProcess):  # type: ignore[no-untyped-def]
+def logsync_cli(bench: Bench, server: ServerProcess, i: int):  # type: ignore[no-untyped-def]
     def argv(palace: Path) -> list[str]:
         return [sys.executable, "-m", "logsync", "--palace", str(palace), "sync",
                 "--peer", server.url, "--token", server.token, "--json"]
-    return argv, logsync_env(bench.path(f"home-cli-{server.name}"))
+    return argv, logsync_env(bench.path(f"home-cli-{server.name}{i}"))
 
 
-def upstream_cli(bench: Bench, server: ServerProcess):  # type: ignore[no-untyped-def]
+def upstream_cli(bench: Bench, server: ServerProcess, i: int):  # type: ignore[no-untyped-def]
     exe = bench.mempalace_exe
 
     def argv(palace: Path) -> list[str]:
         return [str(exe), "--palace", str(palace), "logstream", "sync",
                 "--peer", server.url, "--token", server.token, "--json"]
-    return argv, child_env(bench.path("home-cli-mempalace"))
+    return argv, child_env(bench.path(f"home-cli-mempalace{i}"))
 
 
 def measure(args: argparse.Namespace, bench: Bench) -> dict[str, Any]:
@@ -122,30 +124,43 @@ def measure(args: argparse.Namespace, bench: Bench) -> dict[str, Any]:
     origin.close()
     built = time.perf_counter() - began
     copy_palace(origin_dir, bench.root / "hub-palace")
-
-    raw = time_raw(work, bench.root / "raw")
-    raw_rows = _raw_count(bench.root / "raw")
-    if raw_rows != expect.events:
-        raise BenchError(f"raw: inserted {raw_rows} events, expected {expect.events}")
-
     daemon = bench.daemon("daemon", origin_dir)
     hub = bench.hub("hub", bench.root / "hub-palace")
     for server in (daemon, hub):
         warm_up(server)
-    runs: dict[str, Any] = {"raw": {"seconds": raw}}
-    runs["a_inproc"] = in_process(bench, "a-inproc", daemon, expect)
-    runs["b_inproc"] = in_process(bench, "b-inproc", hub, expect)
-    argv, env = logsync_cli(bench, daemon)
-    runs["a_cli"] = via_cli(bench, "a-cli", argv, env, expect, args.cli_timeout)
-    argv, env = logsync_cli(bench, hub)
-    runs["b_cli"] = via_cli(bench, "b-cli", argv, env, expect, args.cli_timeout)
-    argv, env = upstream_cli(bench, hub)
-    runs["c_upstream"] = via_cli(bench, "c-upstream", argv, env, expect, args.cli_timeout)
+    rounds = [one_round(args, bench, work, expect, daemon, hub, i) for i in range(args.repeat)]
+    runs = {key: best_of([r[key] for r in rounds]) for key in rounds[0]}
     for run in runs.values():
         run["events_per_s"] = args.events / run["seconds"]
     return {"benchmark": "bootstrap", "events": expect.events, "artifacts": expect.artifacts,
-            "origin_build_seconds": built, "runs": runs, "ratios": ratios(runs),
-            "machine": machine()}
+            "repeat": args.repeat, "origin_build_seconds": built, "runs": runs,
+            "ratios": ratios(runs), "machine": machine()}
+
+
+def one_round(args: argparse.Namespace, bench: Bench, work: list, expect: Expect,
+              daemon: ServerProcess, hub: ServerProcess, i: int) -> dict[str, Any]:
+    """Every variant once, interleaved, so a busy machine skews them alike."""
+    raw = time_raw(work, bench.root / f"raw{i}")
+    raw_rows = _raw_count(bench.root / f"raw{i}")
+    if raw_rows != expect.events:
+        raise BenchError(f"raw: inserted {raw_rows} events, expected {expect.events}")
+    runs: dict[str, Any] = {"raw": {"seconds": raw}}
+    runs["a_inproc"] = in_process(bench, f"a-inproc{i}", daemon, expect)
+    runs["b_inproc"] = in_process(bench, f"b-inproc{i}", hub, expect)
+    argv, env = logsync_cli(bench, daemon, i)
+    runs["a_cli"] = via_cli(bench, f"a-cli{i}", argv, env, expect, args.cli_timeout)
+    argv, env = logsync_cli(bench, hub, i)
+    runs["b_cli"] = via_cli(bench, f"b-cli{i}", argv, env, expect, args.cli_timeout)
+    argv, env = upstream_cli(bench, hub, i)
+    runs["c_upstream"] = via_cli(bench, f"c-upstream{i}", argv, env, expect, args.cli_timeout)
+    return runs
+
+
+def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest repetition, with every repetition's wall time alongside."""
+    best = dict(min(runs, key=lambda run: run["seconds"]))
+    best["all_seconds"] = [run["seconds"] for run in runs]
+    return best
 
 
 def warm_up(server: ServerProcess) -> None:
@@ -188,7 +203,8 @@ def render(result: dict[str, Any]) -> list[str]:
         "b_cli": "(b) hub, `logsync sync`", "c_upstream": "(c) hub, `mempalace logstream sync`",
     }
     lines = [f"bootstrap: {result['events']} events, {result['artifacts']} patch artifacts "
-             f"(every replica verified complete); {m['cpus']} cpus, load {m['loadavg_1m']}"]
+             f"(every replica verified complete), best of {result['repeat']}; {m['cpus']} cpus, "
+             f"load {m['loadavg_1m']}"]
     for key, label in labels.items():
         run = runs[key]
         extra = ""

@@ -1,0 +1,133 @@
+"""The benchmarks run end to end at a reduced size and print their figures.
+
+No timing thresholds here: on a shared machine a threshold is either loose
+enough to be meaningless or flaky. What is checked is that every benchmark
+completes, verifies its replicas (a benchmark exits 1 when a replica ends
+incomplete), and reports every figure it promises, in JSON and as text.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+RUN_TIMEOUT_S = 420
+
+
+def run_benchmark(name: str, *args: str) -> dict[str, Any]:
+    """Run benchmarks/<name>.py --json; its JSON document, or a failure with its stderr."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH_DIR / f"{name}.py"), *args, "--json"],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=BENCH_DIR.parent, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{name} exited {done.returncode}:\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout)
+
+
+def rendered(name: str, result: dict[str, Any]) -> str:
+    """The benchmark's own text rendering of a result (what a human run prints)."""
+    if str(BENCH_DIR) not in sys.path:
+        sys.path.insert(0, str(BENCH_DIR))
+    return "\n".join(importlib.import_module(name).render(result))
+
+
+def positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_bootstrap_pulls_every_way_and_reports_ratios() -> None:
+    result = run_benchmark("bootstrap", "--events", "600", "--patches", "15", "--repeat", "1")
+    assert (result["events"], result["artifacts"]) == (600, 15)
+    runs = result["runs"]
+    assert set(runs) == {"raw", "a_inproc", "b_inproc", "a_cli", "b_cli", "c_upstream"}
+    for key, run in runs.items():
+        assert positive(run["seconds"]) and positive(run["events_per_s"]), key
+    for key in ("a_cli", "b_cli", "c_upstream"):
+        assert positive(runs[key]["noop_seconds"]), key
+    # (a) negotiated the extensions; (b) spoke plain upstream shapes to the hub.
+    assert {"msgpack", "inline_artifacts"} <= set(runs["a_inproc"]["extensions"])
+    assert runs["b_inproc"]["extensions"] == []
+    assert runs["b_inproc"]["requests"] > runs["a_inproc"]["requests"]
+    ratios = result["ratios"]
+    for value in (ratios["upstream_over_a"]["wall"], ratios["upstream_over_a"]["net"],
+                  ratios["a_over_raw"]["inproc"], ratios["upstream_over_b"]["wall"]):
+        assert positive(value)
+    text = rendered("bootstrap", result)
+    assert "upstream/(a)" in text and "(a)/raw" in text and "upstream/(b)" in text
+    assert "mempalace logstream sync" in text
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_latency_reports_median_and_p99_for_each_topology() -> None:
+    result = run_benchmark("latency", "--appends", "6", "--upstream-samples", "1")
+    for key in ("daemon_to_daemon", "hub_to_daemon", "hub_to_hub_upstream"):
+        summary = result[key]
+        expected = 1 if key == "hub_to_hub_upstream" else 6
+        assert summary["count"] == expected, key
+        assert 0 < summary["min_s"] <= summary["median_s"] <= summary["p99_s"] <= summary["max_s"]
+    text = rendered("latency", result)
+    assert "median" in text and "p99" in text and "MemPalace hub -> logsync" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_memory_reports_peak_rss_of_a_complete_bootstrap() -> None:
+    result = run_benchmark("memory", "--events", "3000")
+    assert (result["events"], result["artifacts"]) == (3000, 75)
+    assert result["samples"] > 0
+    assert 0 < result["idle_rss_mb"] <= result["peak_rss_mb"]
+    assert result["peak_rss_mb"] >= result["max_sampled_rss_mb"]
+    assert positive(result["bootstrap_seconds"]) and positive(result["source_peak_rss_mb"])
+    assert "sink RSS peak" in rendered("memory", result)
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_serving_measures_each_target_at_each_concurrency() -> None:
+    result = run_benchmark("serving", "--events", "1000", "--patches", "20",
+                           "--pullers", "1,3", "--seconds", "0.5", "--warm-up", "0.1")
+    runs = result["runs"]
+    seen = {(r["target"], r["pullers"]) for r in runs}
+    targets = {"logsync daemon, JSON", "logsync daemon, msgpack", "MemPalace hub, JSON"}
+    assert seen == {(t, k) for t in targets for k in (1, 3)}
+    for run in runs:
+        assert run["errors"] == 0, run
+        assert positive(run["requests_per_s"]) and positive(run["p99_ms"]), run
+    assert len(result["ratios"]) == 4
+    assert "req/s" in rendered("serving", result)
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "says"),
+    [
+        ("bootstrap", ["--events", "0"], "0 is invalid: must be a positive integer"),
+        ("bootstrap", ["--events", "10", "--patches", "11"], "--patches 11 is invalid"),
+        ("latency", ["--appends", "x"], "'x' is not an integer"),
+        ("memory", ["--timeout", "-1"], "-1.0 is invalid: must be a positive number"),
+        ("serving", ["--pullers", "2,0"], "every level must be >= 1"),
+    ],
+)
+def test_bad_arguments_are_one_sentence_not_a_traceback(
+    name: str, args: list[str], says: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCH_DIR / f"{name}.py"), *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr
