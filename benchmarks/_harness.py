@@ -271,11 +271,36 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(ordered[int(rank) - 1])
 
 
-def machine() -> dict[str, Any]:
-    """What the figures were measured on (they are only comparable within one run)."""
+def machine(fsync_dir: Path | None = None) -> dict[str, Any]:
+    """What the figures were measured on (they are only comparable within one run).
+
+    With ``fsync_dir``, also the median fsync latency there: upstream commits
+    every pulled event in its own durable transaction, so its speed (and any
+    ratio against it) depends on the disk's fsync far more than ours does.
+    """
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
-    return {"cpus": os.cpu_count(), "loadavg_1m": round(load[0], 2),
-            "python": sys.version.split()[0]}
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "loadavg_1m": round(load[0], 2),
+                            "python": sys.version.split()[0]}
+    if fsync_dir is not None:
+        info["fsync_ms"] = fsync_latency_ms(fsync_dir)
+    return info
+
+
+def fsync_latency_ms(directory: Path, rounds: int = 100) -> float:
+    """Median time to write 4 KB and fsync it, in ms."""
+    path = directory / "fsync-probe"
+    times = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for _ in range(rounds):
+            began = time.perf_counter()
+            os.write(fd, b"x" * 4096)
+            os.fsync(fd)
+            times.append(time.perf_counter() - began)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return round(percentile(times, 50) * 1000, 3)
 
 
 def emit(result: Mapping[str, Any], lines: Sequence[str], as_json: bool) -> None:

@@ -50,7 +50,8 @@ def test_bootstrap_pulls_every_way_and_reports_ratios() -> None:
     result = run_benchmark("bootstrap", "--events", "600", "--patches", "15", "--repeat", "1")
     assert (result["events"], result["artifacts"]) == (600, 15)
     runs = result["runs"]
-    assert set(runs) == {"raw", "a_inproc", "b_inproc", "a_cli", "b_cli", "c_upstream"}
+    assert set(runs) == {"raw", "a_inproc", "b_inproc", "b_inproc_capped", "a_cli", "b_cli",
+                         "c_upstream"}
     for key, run in runs.items():
         assert positive(run["seconds"]) and positive(run["events_per_s"]), key
     for key in ("a_cli", "b_cli", "c_upstream"):
@@ -65,7 +66,7 @@ def test_bootstrap_pulls_every_way_and_reports_ratios() -> None:
         assert positive(value)
     text = rendered("bootstrap", result)
     assert "upstream/(a)" in text and "(a)/raw" in text and "upstream/(b)" in text
-    assert "mempalace logstream sync" in text
+    assert "mempalace logstream sync" in text and "fsync" in text
 
 
 @pytest.mark.slow
