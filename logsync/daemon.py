@@ -124,7 +124,8 @@ class Daemon:
     async def _on_signals(self, tg: TaskGroup) -> None:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
-                log.info("received %s: stopping pulls, then the server", signal.Signals(signum).name)
+                name = signal.Signals(signum).name
+                log.info("received %s: stopping pulls, then the server", name)
                 self._stop_pulls()
                 self.server.should_exit = True
                 return
@@ -135,7 +136,8 @@ class Daemon:
 
     async def _pull_all(self, scope: anyio.CancelScope) -> None:
         with scope:
-            while not self.server.started and not self.server.should_exit:
+            # uvicorn exposes `started` as a flag, not an event: poll it briefly.
+            while not self.server.started and not self.server.should_exit:  # noqa: ASYNC110
                 await anyio.sleep(0.02)
             async with anyio.create_task_group() as tg:
                 while True:

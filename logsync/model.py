@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from functools import lru_cache
 from hashlib import sha256
 from typing import Any
 

@@ -60,7 +60,8 @@ def _one_line(message: str, as_json: bool) -> None:
     sys.exit(1)
 
 
-from logsync.cli import (
-    local,  # noqa: E402,F401  (registers the commands)
-    replication,  # noqa: E402,F401
+# Importing the command modules registers their commands on `cli`.
+from logsync.cli import (  # noqa: E402
+    local,  # noqa: F401
+    replication,  # noqa: F401
 )

@@ -32,8 +32,10 @@ def _filter_options(fn: Any) -> Any:
                           "correlation-id")):
         fn = click.option(f"--{name}", default=None)(fn)
     fn = click.option("--status", default=None)(fn)
-    fn = click.option("--since-event-id", default=None, help="Strictly after this event (local seq).")(fn)
-    fn = click.option("--since-created-at", default=None, help="created_at >= this (inclusive).")(fn)
+    fn = click.option("--since-event-id", default=None,
+                      help="Strictly after this event (local seq).")(fn)
+    fn = click.option("--since-created-at", default=None,
+                      help="created_at >= this (inclusive).")(fn)
     return fn
 
 

@@ -52,7 +52,8 @@ def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host:
     for noisy in ("httpx", "httpcore"):  # one line per request drowns the daemon's own log
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     config = DaemonConfig(
-        palace=Path(serve_palace).expanduser() if serve_palace else palace_of(ctx), host=host, port=port, token=token, interval=interval,
+        palace=Path(serve_palace).expanduser() if serve_palace else palace_of(ctx),
+        host=host, port=port, token=token, interval=interval,
         tls_cert=tls_cert, tls_key=tls_key, ca_file=ca_file, notifications=not no_notify,
         log_level=log_level,
     )
@@ -129,7 +130,7 @@ def _sync_one(store: Store, peer: peers_mod.Peer, ca_file: str | None, timeout: 
 
 async def _progress(store: Store, report: RoundReport) -> None:
     """A bar over the ops the peer's vector says we lack, fed by the live report."""
-    while not report.remote_vector:
+    while not report.remote_vector:  # noqa: ASYNC110 - the report is plain data, polled
         await anyio.sleep(0.05)
     local = await anyio.to_thread.run_sync(store.version_vector)
     total = sum(max(0, top - local.get(o, 0)) for o, top in report.remote_vector.items()
