@@ -1,0 +1,180 @@
+"""Invariant checks over the real stores (DESIGN.md invariants 1-8).
+
+Per node (at the end of the safety phase and after convergence):
+  1. per-origin prefix: the origin_seqs held for each origin are exactly 1..vv[origin];
+  3. verbatim: every event equals, field for field but `seq`, the copy its author returned;
+  4. no dangling references: every artifact an event names is held;
+  6. nothing unauthored: every stored event was appended by some node (a corrupt,
+     forged or forked op that got in is reported here);
+  and the simulator's mirrors agree with the store (vector).
+Across the fleet (after convergence):
+  the same vector, the same (origin, origin_seq) -> event and id -> artifact, byte
+  for byte; where two replicas hold different content for one key, some replica must
+  have recorded a conflict naming it (invariant 5: divergence is never silent);
+  the same owed sets, claim winners and presence on every node.
+Invariants 2, 7 and 8 are checked as the run goes (`node.py`, `runner.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from logsync import views
+
+if TYPE_CHECKING:
+    from logsync.sim.node import SimNode
+
+Report = Callable[[int, str], None]
+
+
+def canonical(item: dict[str, Any], drop: str = "seq") -> dict[str, Any]:
+    """The item without the local `seq`. Values come from SQLite columns (str, int,
+    None) and JSON (metadata), so equal values are equal bytes on the wire."""
+    if drop in item:
+        item = dict(item)
+        del item[drop]
+    return item
+
+
+@dataclass
+class Snapshot:
+    node: str
+    replica_id: str
+    vector: dict[str, int]
+    events: list[dict[str, Any]]
+    by_key: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    key_of_id: dict[str, tuple[str, int]] = field(default_factory=dict)
+    artifacts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    conflicts: list[dict[str, Any]] = field(default_factory=list)
+    quarantine: list[dict[str, Any]] = field(default_factory=list)
+
+
+def snapshot(node: SimNode) -> Snapshot:
+    store = node.store_or_fail()
+    events = list(store.iter_events())
+    snap = Snapshot(node.name, node.replica_id, store.version_vector(), events,
+                    counts=store.counts(), conflicts=store.list_conflicts(500),
+                    quarantine=store.list_quarantine(500))
+    for event in events:
+        key = (event["origin_replica"], event["origin_seq"])
+        snap.by_key[key] = canonical(event)
+        snap.key_of_id[event["id"]] = key
+    snap.artifacts = {a["id"]: canonical(a) for a in store.iter_artifacts()}
+    return snap
+
+
+def check_node(snap: Snapshot, node: SimNode, authored: dict[str, dict[str, Any]],
+               report: Report) -> None:
+    """Invariants 1, 3, 4, 6 and the mirror, on one replica."""
+    seqs: dict[str, list[int]] = {}
+    for origin, seq in snap.by_key:
+        seqs.setdefault(origin, []).append(seq)
+    for origin, held in sorted(seqs.items()):
+        held.sort()
+        top = snap.vector.get(origin, 0)
+        if held != list(range(1, top + 1)):
+            gaps = sorted(set(range(1, top + 1)) - set(held))[:5]
+            report(1, f"{snap.node} holds origin {origin[:12]} up to {top} but not "
+                      f"seqs {gaps}: not a prefix")
+    if node.vv != snap.vector:
+        report(1, f"{snap.node}: the simulator's mirror {_short(node.vv)} differs from the "
+                  f"store's vector {_short(snap.vector)}")
+    for event in snap.events:
+        for artifact_id in event["artifact_ids"]:
+            if artifact_id not in snap.artifacts:
+                report(4, f"{snap.node}: event {event['id']} names artifact {artifact_id}, "
+                          "which is not held")
+        copy = authored.get(event["id"])
+        if copy is None:
+            report(6, f"{snap.node} stored event {event['id']} (origin "
+                      f"{event['origin_replica'][:12]} seq {event['origin_seq']}), which no "
+                      "node authored")
+        elif copy != snap.by_key[(event["origin_replica"], event["origin_seq"])]:
+            report(3, f"{snap.node} holds event {event['id']} with content that differs from "
+                      "what its author wrote")
+
+
+def _short(vector: dict[str, int]) -> str:
+    return "{" + ", ".join(f"{o[:10]}:{t}" for o, t in sorted(vector.items())) + "}"
+
+
+@dataclass
+class FleetVerdict:
+    identical: bool
+    divergent_keys: int = 0
+    recorded: int = 0
+    silent: int = 0
+
+
+def check_fleet(snaps: list[Snapshot], report: Report) -> FleetVerdict:
+    """Identical vectors, events and artifacts everywhere, or divergence that is recorded."""
+    first = snaps[0]
+    recorded_keys, recorded_ids = _recorded(snaps)
+    divergent: set[tuple[str, int]] = set()
+    for snap in snaps[1:]:
+        if snap.vector != first.vector:
+            report(0, f"after convergence {snap.node} has vector {_short(snap.vector)} but "
+                      f"{first.node} has {_short(first.vector)}")
+        for key in set(snap.by_key) | set(first.by_key):
+            if snap.by_key.get(key) != first.by_key.get(key):
+                divergent.add(key)
+        for art in sorted(set(snap.artifacts) | set(first.artifacts)):
+            if snap.artifacts.get(art) != first.artifacts.get(art) and art not in recorded_ids:
+                report(5, f"artifact {art} differs between {first.node} and {snap.node} and "
+                          "no conflict was recorded")
+    silent = 0
+    for origin, seq in sorted(divergent):
+        names = {str(s.by_key[(origin, seq)]["id"]) for s in snaps if (origin, seq) in s.by_key}
+        if (origin, seq) in recorded_keys or names & recorded_ids:
+            continue
+        silent += 1
+        if silent <= 5:
+            holders = sorted({s.node for s in snaps if (origin, seq) in s.by_key})
+            report(5, f"replicas hold different content for origin {origin[:12]} seq {seq} "
+                      f"(held by {', '.join(holders)}) and no replica recorded a conflict")
+    if silent > 5:
+        report(5, f"... and {silent - 5} more silently divergent (origin, seq) slots")
+    return FleetVerdict(not divergent, len(divergent), len(divergent) - silent, silent)
+
+
+def _recorded(snaps: list[Snapshot]) -> tuple[set[tuple[str, int]], set[str]]:
+    keys: set[tuple[str, int]] = set()
+    ids: set[str] = set()
+    for snap in snaps:
+        for conflict in snap.conflicts:
+            if conflict.get("origin_replica") and conflict.get("origin_seq") is not None:
+                keys.add((conflict["origin_replica"], conflict["origin_seq"]))
+            if conflict.get("item_id"):
+                ids.add(conflict["item_id"])
+    return keys, ids
+
+
+def check_views(snaps: list[Snapshot], agents: list[str], report: Report) -> dict[str, Any]:
+    """Owed sets, claim winners and presence must be the same on every replica."""
+    def owed_ids(snap: Snapshot) -> dict[str, list[str]]:
+        return {a: [e["id"] for e in items]
+                for a, items in views.owed_by_agent(snap.events, set(agents)).items()}
+
+    first = snaps[0]
+    base_owed = owed_ids(first)
+    base_claims = {c: w["id"] for c, w in views.claim_winners(first.events).items()}
+    base_presence = {a: p["event_id"] for a, p in views.presence(first.events).items()}
+    for snap in snaps[1:]:
+        other = owed_ids(snap)
+        for agent in sorted(set(other) | set(base_owed)):
+            if other.get(agent) != base_owed.get(agent):
+                report(0, f"owed set of {agent} differs between {first.node} and {snap.node}")
+        winners = {c: w["id"] for c, w in views.claim_winners(snap.events).items()}
+        if winners != base_claims:
+            report(0, f"claim winners differ between {first.node} and {snap.node}")
+        seen = {a: p["event_id"] for a, p in views.presence(snap.events).items()}
+        if seen != base_presence:
+            report(0, f"presence differs between {first.node} and {snap.node}")
+    return {
+        "owed": sum(len(v) for v in base_owed.values()),
+        "claims": len(base_claims),
+        "agents_seen": len(base_presence),
+    }

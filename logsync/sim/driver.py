@@ -1,0 +1,350 @@
+"""The simulator's driver of the engine: pull rounds as messages on the virtual network.
+
+This is the simulated twin of `client.py` plus the pull loops of the daemon:
+
+- Each node keeps one `engine.PullSchedule` per peer it pulls from. A due
+  schedule starts a round; its outcome goes back through `succeeded()` /
+  `failed()`; a change notification goes through `notified()`.
+- A *full* round is `engine.pull_round(...)` with `batch_artifacts=True`, as
+  the client runs it. Each `Request` it yields becomes a request message; the
+  answer message is `send()`-ed back in; a timeout, an error status or a
+  crash of the peer is `throw()`-n in as the `PeerError` the client would
+  raise.
+- In `targeted` mode a notification names (origin, origin_seq) pairs, as the
+  events in an SSE frame do. A round started by a notification skips the
+  vector and runs `engine.pull_origin` for just the notified origins, side by
+  side (bounded by `origins_in_flight`), and no origin is pulled from two peers
+  at once; a round started by the timer (or a notified one when the last full
+  round is two intervals old) is the full anti-entropy `pull_round`. When an
+  origin is still behind after a round, the peer that advertised the most of
+  it is nudged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from logsync import engine
+from logsync.errors import PeerError, PeerProtocolError, PeerRequestError, PeerTransientError
+from logsync.sim.clock import US, to_s, to_us
+from logsync.sim.network import Message
+from logsync.sim.node import PeerLink, SimNode, SimulatedCrash
+
+if TYPE_CHECKING:
+    from logsync.sim.runner import Simulation
+
+
+@dataclass
+class Flow:
+    """One generator being driven: a whole round, or one origin of a targeted round."""
+
+    gen: Generator[Any, Any, Any]
+    origin: str | None = None
+    pending: dict[int, int] = field(default_factory=dict)
+    paths: dict[int, engine.Request] = field(default_factory=dict)
+    answers: list[Any] = field(default_factory=list)
+    batch: bool = False
+
+
+@dataclass
+class Run:
+    node: SimNode
+    link: PeerLink
+    kind: str
+    report: engine.RoundReport
+    started_us: int
+    flows: list[Flow] = field(default_factory=list)
+    queued: list[Flow] = field(default_factory=list)
+    over: bool = False
+
+
+class Driver:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.spec = sim.scenario.sync
+        self.by_mid: dict[int, tuple[Run, Flow]] = {}
+
+    # ── node lifecycle ────────────────────────────────────────────────
+
+    def start_node(self, node: SimNode) -> None:
+        """A (re)started daemon: fresh schedules, the first round due at once."""
+        now = self.sim.clock.now
+        node.peers = {}
+        for peer in node.pulls_from:
+            schedule = engine.PullSchedule(
+                rng=self.sim.rng, interval=self.spec.interval, jitter=self.spec.jitter,
+                debounce=self.spec.debounce, backoff_base=self.spec.backoff_base,
+                backoff_cap=self.spec.backoff_cap,
+            )
+            link = PeerLink(peer, schedule)
+            node.peers[peer] = link
+            schedule.start(now)
+            self._arm(node, link)
+
+    def stop_node(self, node: SimNode) -> None:
+        for link in node.peers.values():
+            if link.run is not None:
+                self._abandon(link.run)
+        node.peers = {}
+        node.inflight.clear()
+
+    # ── timers ────────────────────────────────────────────────────────
+
+    def _arm(self, node: SimNode, link: PeerLink, at_least_us: int = 0) -> None:
+        due = link.schedule.next_due
+        if due is None:
+            return
+        link.timer += 1
+        when = max(self.sim.clock.now_us, math.ceil(due * US), at_least_us)
+        self.sim.schedule(when, self._due, (node, link, link.timer, node.incarnation))
+
+    def _due(self, node: SimNode, link: PeerLink, token: int, incarnation: int) -> None:
+        if not node.up or incarnation != node.incarnation or token != link.timer:
+            return
+        if node.peers.get(link.name) is not link or link.run is not None:
+            return
+        if not link.schedule.is_due(self.sim.clock.now):
+            self._arm(node, link, self.sim.clock.now_us + 1)  # float rounding: one tick on
+            return
+        self._start_run(node, link)
+
+    # ── notifications ─────────────────────────────────────────────────
+
+    def on_notify(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...]) -> None:
+        link = node.peers.get(peer)
+        if link is None:
+            return
+        for origin, top in tops:
+            if top > link.tops.get(origin, 0):
+                link.tops[origin] = top
+        wanted = node.missing_from(tops)
+        if self.spec.mode == "targeted":
+            wanted = [(o, t) for o, t in wanted if t > node.inflight.get(o, 0)]
+        if not wanted:
+            return
+        link.notified = True
+        before = link.schedule.next_due
+        due = link.schedule.notified(self.sim.clock.now)
+        self.sim.trace.log("sync", f"{node.name} notify from {peer}: {len(wanted)} origin(s) "
+                           f"behind, due={'running' if due is None else f'{due:.6f}'}")
+        if due is not None and due != before:
+            self._arm(node, link)
+
+    # ── rounds ────────────────────────────────────────────────────────
+
+    def _start_run(self, node: SimNode, link: PeerLink) -> None:
+        now_us = self.sim.clock.now_us
+        report = engine.RoundReport(peer=link.name)
+        notified, link.notified = link.notified, False
+        overdue = now_us - link.last_full_us >= 2 * to_us(self.spec.interval)
+        if self.spec.mode == "targeted" and link.extensions is not None and notified \
+                and not overdue:
+            wanted = sorted(
+                (o, t) for o, t in link.tops.items()
+                if o != node.replica_id and t > node.vv.get(o, 0) and t > node.inflight.get(o, 0)
+            )
+            link.schedule.begin(self.sim.clock.now)
+            if not wanted:
+                self._arm_after(node, link, link.schedule.succeeded(self.sim.clock.now))
+                return
+            run = Run(node, link, "targeted", report, now_us)
+            flows = [self._origin_flow(node, link, run, origin, top) for origin, top in wanted]
+            limit = self.spec.origins_in_flight
+            run.flows, run.queued = flows[:limit], flows[limit:]
+        else:
+            link.schedule.begin(self.sim.clock.now)
+            run = Run(node, link, "full", report, now_us)
+            run.flows = [Flow(engine.pull_round(
+                node.view.pulling_from(link.name), link.name, page_limit=self.spec.page_limit,
+                use_extensions=self.spec.extensions, batch_artifacts=True, report=report))]
+        link.run = run
+        self.sim.metrics.rounds += 1
+        self.sim.trace.log("sync", f"{node.name} round#{self.sim.metrics.rounds} {run.kind} "
+                           f"<- {link.name}" + (f" origins={len(run.flows) + len(run.queued)}"
+                                                if run.kind == "targeted" else ""))
+        for flow in list(run.flows):
+            if not run.over:
+                self._advance(run, flow, first=True)
+
+    def _origin_flow(self, node: SimNode, link: PeerLink, run: Run, origin: str,
+                     top: int) -> Flow:
+        start = node.vv.get(origin, 0)
+        node.inflight[origin] = top
+        progress = engine.OriginProgress(origin=origin, start=start, target=top, reached=start)
+        run.report.origins[origin] = progress
+        ext = link.extensions or engine.Extensions()
+        limit = ext.max_page_limit if self.spec.page_limit is None \
+            else min(self.spec.page_limit, ext.max_page_limit)
+        gen = engine.pull_origin(node.view.pulling_from(link.name), link.name, progress, ext,
+                                 limit, True, run.report)
+        return Flow(gen, origin=origin)
+
+    def _advance(self, run: Run, flow: Flow, value: Any = None,
+                 exc: BaseException | None = None, first: bool = False) -> None:
+        node = run.node
+        try:
+            if first:
+                step = next(flow.gen)
+            elif exc is not None:
+                step = flow.gen.throw(exc)
+            else:
+                step = flow.gen.send(value)
+        except StopIteration:
+            self._flow_done(run, flow)
+            return
+        except PeerError as error:
+            self._fail(run, error)
+            return
+        except SimulatedCrash:
+            run.over = True
+            self.sim.crash_mid_apply(node)
+            return
+        except Exception as error:  # the engine must only ever raise PeerError
+            self.sim.violation(6, f"{node.name}: the engine raised {type(error).__name__} "
+                               f"({error}) pulling from {run.link.name}")
+            self._fail(run, PeerProtocolError(str(error), peer=run.link.name))
+            return
+        self._issue(run, flow, step)
+
+    def _issue(self, run: Run, flow: Flow, step: Any) -> None:
+        requests = step.requests if isinstance(step, engine.Batch) else (step,)
+        flow.batch = isinstance(step, engine.Batch)
+        flow.answers = [None] * len(requests)
+        flow.pending, flow.paths = {}, {}
+        timeout_us = to_us(self.spec.timeout)
+        for slot, request in enumerate(requests):
+            mid = self.sim.next_mid()
+            flow.pending[mid] = slot
+            flow.paths[mid] = request
+            self.by_mid[mid] = (run, flow)
+            self.sim.metrics.request(request.path)
+            self.sim.net.send(Message("req", run.node.name, run.link.name, mid, request.path,
+                                      dict(request.params), incarnation=run.node.incarnation))
+            self.sim.schedule(self.sim.clock.now_us + timeout_us, self._timeout, (run, flow, mid))
+
+    def on_response(self, node: SimNode, msg: Message) -> None:
+        entry = self.by_mid.pop(msg.mid, None)
+        if entry is None or entry[0].over or entry[0].node is not node:
+            self.sim.trace.log("sync", f"{node.name} ignores resp#{msg.mid} (duplicate or late)")
+            return
+        run, flow = entry
+        slot = flow.pending.pop(msg.mid)
+        request = flow.paths.pop(msg.mid)
+        run.report.bytes_received += msg.size
+        self.sim.metrics.bytes += msg.size
+        if msg.status == 200:
+            flow.answers[slot] = msg.answer
+            if request.path == "/sync/version_vector" and isinstance(msg.answer, dict):
+                run.link.extensions = engine.parse_extensions(msg.answer) \
+                    if self.spec.extensions else engine.Extensions()
+        elif msg.status == 404 and request.missing_ok:
+            flow.answers[slot] = None
+        else:
+            said = msg.answer.get("error") if isinstance(msg.answer, dict) else msg.answer
+            self._throw(run, flow, PeerRequestError(
+                f"peer {run.link.name}: GET {request.path} answered {msg.status}: {said}",
+                peer=run.link.name))
+            return
+        if not flow.pending:
+            self._advance(run, flow, flow.answers if flow.batch else flow.answers[0])
+
+    def _timeout(self, run: Run, flow: Flow, mid: int) -> None:
+        if run.over or mid not in flow.pending:
+            return
+        request = flow.paths[mid]
+        self._throw(run, flow, PeerTransientError(
+            f"peer {run.link.name}: GET {request.path} timed out after {self.spec.timeout:g} s",
+            peer=run.link.name))
+
+    def _throw(self, run: Run, flow: Flow, error: PeerError) -> None:
+        for mid in flow.pending:
+            self.by_mid.pop(mid, None)
+        flow.pending.clear()
+        flow.paths.clear()
+        self._advance(run, flow, exc=error)
+
+    # ── endings ───────────────────────────────────────────────────────
+
+    def _flow_done(self, run: Run, flow: Flow) -> None:
+        run.flows.remove(flow)
+        self._release(run.node, flow)
+        if run.queued:
+            nxt = run.queued.pop(0)
+            run.flows.append(nxt)
+            self._advance(run, nxt, first=True)
+            return
+        if not run.flows and not run.over:
+            self._finish(run, None)
+
+    def _fail(self, run: Run, error: PeerError) -> None:
+        if run.over:
+            return
+        self._finish(run, error)
+
+    def _finish(self, run: Run, error: PeerError | None) -> None:
+        run.over = True
+        node, link = run.node, run.link
+        self._close_flows(run)
+        if link.run is run:
+            link.run = None
+        now = self.sim.clock.now
+        took = to_s(self.sim.clock.now_us - run.started_us)
+        if error is None:
+            if run.kind == "full":
+                link.last_full_us = self.sim.clock.now_us
+            due = link.schedule.succeeded(now)
+            self.sim.trace.log("sync", f"{node.name} round {run.kind} <- {link.name} ok "
+                               f"applied={run.report.applied} requests={run.report.requests} "
+                               f"took={took:.6f} next={due:.6f}")
+        else:
+            self.sim.metrics.rounds_failed += 1
+            due = link.schedule.failed(now)
+            self.sim.trace.log("sync", f"{node.name} round {run.kind} <- {link.name} failed "
+                               f"({type(error).__name__}: {error}) next={due:.6f}")
+        self._arm(node, link)
+        self.sim.metrics.conflicts_seen += run.report.conflicts
+        self.sim.metrics.quarantined_seen += run.report.quarantined
+        short = any(p.reached < p.target for p in run.report.origins.values())
+        if self.spec.mode == "targeted" and node.up and (error is not None or short):
+            self._nudge(node)
+
+    def _arm_after(self, node: SimNode, link: PeerLink, _due: float) -> None:
+        self._arm(node, link)
+
+    def _close_flows(self, run: Run) -> None:
+        for flow in run.flows + run.queued:
+            for mid in flow.pending:
+                self.by_mid.pop(mid, None)
+            flow.pending.clear()
+            flow.gen.close()
+            self._release(run.node, flow)
+        run.flows, run.queued = [], []
+
+    def _release(self, node: SimNode, flow: Flow) -> None:
+        if flow.origin is not None and flow.origin in node.inflight:
+            del node.inflight[flow.origin]
+
+    def _abandon(self, run: Run) -> None:
+        """The node died: its rounds stop where they are, nothing reported."""
+        run.over = True
+        self._close_flows(run)
+        run.link.run = None
+
+    def _nudge(self, node: SimNode) -> None:
+        """An origin still behind after a round: ask the peer that promised most of it."""
+        best: dict[str, tuple[int, str]] = {}
+        for name, link in node.peers.items():
+            for origin, top in link.tops.items():
+                if top > node.vv.get(origin, 0) and top > node.inflight.get(origin, 0) \
+                        and origin != node.replica_id and top > best.get(origin, (0, ""))[0]:
+                    best[origin] = (top, name)
+        for name in sorted({peer for _, peer in best.values()}):
+            link = node.peers[name]
+            if link.run is None:
+                before = link.schedule.next_due
+                due = link.schedule.notified(self.sim.clock.now)
+                if due is not None and due != before:
+                    self._arm(node, link)

@@ -1,0 +1,245 @@
+"""One simulated replica: a real `Store` on disk, its clock, its peers and its daemon state.
+
+The node keeps a few mirrors of what its store holds (version vector, sorted
+HLCs, an inbox of asks per agent) so the runner can measure lag and check
+invariants after every step without re-reading SQLite; the mirrors are
+compared with the store itself at every checkpoint, so a wrong mirror is
+itself reported.
+
+`StoreView` is what the engine is given as its store: every call goes straight
+to the real `Store`; `apply_remote` additionally records what arrived and can
+be armed to crash inside the apply transaction (the transaction never
+commits, as after a `kill -9`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import shutil
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from logsync import engine
+from logsync import hlc as hlc_mod
+from logsync.sim.clock import NodeClock
+from logsync.store import Store
+
+if TYPE_CHECKING:
+    from logsync.sim.driver import Run
+    from logsync.sim.runner import Simulation
+
+
+class SimulatedCrash(BaseException):
+    """Raised inside an apply transaction to model power loss; never caught by the store."""
+
+
+@dataclass
+class Ask:
+    """An open ask addressed to one of this node's agents, as the agent saw it arrive."""
+
+    event_id: str
+    from_agent: str
+    to_agent: str
+    correlation_id: str | None
+    stream: str
+    room: str
+
+
+def _crash_after(items: Iterable[Any]) -> Iterator[Any]:
+    yield from items
+    raise SimulatedCrash("power lost while applying a page")
+
+
+class StoreView:
+    """The store as the engine sees it (engine.StoreLike), with the node's bookkeeping."""
+
+    def __init__(self, node: SimNode, source: str | None = None) -> None:
+        self._node = node
+        self.source = source
+
+    def pulling_from(self, peer: str) -> StoreView:
+        """The same view, naming the peer whose pages it applies (for notifications)."""
+        return StoreView(self._node, peer)
+
+    @property
+    def replica_id(self) -> str:
+        return self._node.replica_id
+
+    def version_vector(self) -> dict[str, int]:
+        return self._node.store_or_fail().version_vector()
+
+    def missing_artifacts(self, ids: Iterable[str]) -> list[str]:
+        return self._node.store_or_fail().missing_artifacts(ids)
+
+    def apply_remote(self, events: list[dict], artifacts: list[dict]) -> Any:
+        node = self._node
+        store = node.store_or_fail()
+        if node.crash_on_apply:
+            node.crash_on_apply = False
+            node.sim.trace.fault(f"crash {node.name} inside an apply transaction "
+                                 f"({len(events)} ops, {len(artifacts)} artifacts)")
+            store.apply_remote(events, _crash_after(artifacts))  # type: ignore[arg-type]
+        result = store.apply_remote(events, artifacts)
+        node.after_apply(events, artifacts, result, self.source)
+        return result
+
+
+@dataclass
+class PeerLink:
+    """What this node's daemon keeps for one peer it pulls from."""
+
+    name: str
+    schedule: engine.PullSchedule
+    timer: int = 0
+    run: Run | None = None
+    tops: dict[str, int] = field(default_factory=dict)
+    extensions: engine.Extensions | None = None
+    last_full_us: int = 0
+    notified: bool = False
+
+
+class SimNode:
+    def __init__(self, sim: Simulation, name: str, replica_id: str, directory: Path,
+                 skew_ms: int, logsync: bool, agents: list[str]) -> None:
+        self.sim = sim
+        self.name = name
+        self.replica_id = replica_id
+        self.dir = directory
+        self.clock = NodeClock(sim.clock, skew_ms)
+        self.logsync = logsync
+        self.agents = agents
+        self.store: Store | None = None
+        self.view = StoreView(self)
+        self.up = False
+        self.incarnation = 0
+        self.pulls_from: list[str] = []
+        self.subscribers: list[str] = []
+        self.peers: dict[str, PeerLink] = {}
+        self.vv: dict[str, int] = {}
+        self.hlcs: list[str] = []
+        self.inbox: dict[str, list[Ask]] = {}
+        self.inflight: dict[str, int] = {}
+        self.crash_on_apply = False
+        self.serve_delay_us = 0
+        self.byzantine: tuple[float, tuple[str, ...]] | None = None
+        self.recent_pages: deque[tuple[list[dict], list[dict]]] = deque(maxlen=8)
+        self.backups: list[tuple[float, Path]] = []
+
+    # ── identity and store lifecycle ──────────────────────────────────
+
+    def new_id(self, prefix: str) -> str:
+        moment = datetime.fromtimestamp(self.clock.wall_ms() / 1000, UTC)
+        return f"{prefix}_{moment:%Y%m%dT%H%M%S}_{self.sim.rng.getrandbits(48):012x}"
+
+    def open(self) -> None:
+        """Start (or restart) the node: open its store, rebuild mirrors, start pulling."""
+        self.store = Store.open(self.dir, wall_ms=self.clock.wall_ms, new_id=self.new_id,
+                                replica_id=self.replica_id)
+        self.up = True
+        self.incarnation += 1
+        self.vv = self.store.version_vector()
+        self.hlcs = sorted(e["hlc"] for e in self.store.iter_events() if e["hlc"])
+        self.inflight.clear()
+        self.sim.driver.start_node(self)
+
+    def store_or_fail(self) -> Store:
+        if self.store is None:
+            raise AssertionError(f"node {self.name} is down but its store was used")
+        return self.store
+
+    def crash(self, reason: str) -> None:
+        """Stop at once: rounds abandoned, store closed without any tidy-up."""
+        if not self.up:
+            return
+        self.sim.driver.stop_node(self)
+        self.up = False
+        if self.store is not None:
+            self.store.close()
+        self.store = None
+        self.sim.trace.log("node", f"{self.name} down ({reason})")
+
+    def snapshot(self, at: float) -> None:
+        """A cold backup of the palace directory (store closed, copied, reopened)."""
+        target = self.dir.parent / f"{self.dir.name}.backup{len(self.backups)}"
+        was_up = self.up
+        if was_up:
+            self.crash("backup copy")
+        shutil.copytree(self.dir, target)
+        self.backups.append((at, target))
+        if was_up:
+            self.open()
+
+    def restore(self, backup_at: float) -> bool:
+        """Replace the palace with the newest backup taken at or before `backup_at`."""
+        chosen = [path for at, path in self.backups if at <= backup_at + 1e-9]
+        if not chosen:
+            return False
+        self.crash("restored from backup")
+        shutil.rmtree(self.dir)
+        shutil.copytree(chosen[-1], self.dir)
+        self.open()
+        return True
+
+    # ── local writes (the workload calls these through the store) ─────
+
+    def authored(self, event: dict[str, Any]) -> None:
+        """Bookkeeping after a local append: check invariant 7, mirror, notify."""
+        seq, stamp = event["origin_seq"], event["hlc"]
+        ceiling = hlc_mod.drift_ceiling(self.clock.wall_ms())
+        below = bisect.bisect_left(self.hlcs, ceiling)
+        if below and not stamp > self.hlcs[below - 1]:
+            self.sim.violation(7, f"{self.name} authored {event['id']} with hlc {stamp}, not "
+                               f"above {self.hlcs[below - 1]} which it already held")
+        if seq != self.vv.get(self.replica_id, 0) + 1:
+            self.sim.violation(1, f"{self.name} authored origin_seq {seq} after "
+                               f"{self.vv.get(self.replica_id, 0)}: local seqs must be gap-free")
+        self.vv[self.replica_id] = seq
+        bisect.insort(self.hlcs, stamp)
+        self.note_arrival(event)
+        self.sim.registry.authored(self, event)
+        self.sim.notify_change(self, ((self.replica_id, seq),))
+
+    def note_arrival(self, event: dict[str, Any]) -> None:
+        if event["type"] == "task.request" and event["status"] == "open" \
+                and event["to_agent"] in self.agents and event["from_agent"] != event["to_agent"]:
+            self.inbox.setdefault(event["to_agent"], []).append(Ask(
+                event["id"], event["from_agent"], event["to_agent"],
+                event["correlation_id"], event["stream"], event["room"]))
+
+    # ── remote applies (the engine calls these through StoreView) ─────
+
+    def after_apply(self, events: list[dict], artifacts: list[dict], result: Any,
+                    source: str | None = None) -> None:
+        """Check the per-origin prefix of what one page added; mirror it; notify."""
+        new_tops: list[tuple[str, int]] = []
+        for origin, top in result.high_water.items():
+            old = self.vv.get(origin, 0)
+            if top <= old:
+                continue
+            fresh = [e for e in events if isinstance(e, dict) and e.get("origin_replica") == origin
+                     and isinstance(e.get("origin_seq"), int) and old < e["origin_seq"] <= top]
+            seqs = [e["origin_seq"] for e in fresh]
+            if seqs != list(range(old + 1, top + 1)) \
+                    or result.applied_per_origin.get(origin, 0) != top - old:
+                self.sim.violation(1, f"{self.name}: a page moved origin {origin[:12]} from "
+                                   f"{old} to {top} but held seqs {seqs[:5]}...: not a prefix")
+            self.vv[origin] = top
+            for event in fresh:
+                bisect.insort(self.hlcs, event["hlc"])
+                self.note_arrival(event)
+                self.sim.registry.arrived(self, event)
+            new_tops.append((origin, top))
+        if result.applied and not (result.stopped or result.quarantined or result.conflicts):
+            self.recent_pages.append((list(events), list(artifacts)))
+        self.sim.metrics.applies += result.applied
+        if new_tops:
+            self.sim.notify_change(self, tuple(new_tops), source)
+        self.sim.maybe_replay(self)
+
+    def missing_from(self, tops: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The (origin, top) pairs that promise ops this node does not hold yet."""
+        return [(o, t) for o, t in tops if o != self.replica_id and t > self.vv.get(o, 0)]

@@ -1,0 +1,542 @@
+"""The event loop: one seeded run of a scenario, from empty stores to a graded report.
+
+A run has two phases. The *safety* phase lasts `duration` of virtual time: the
+workload appends, the scripted and drawn faults come and go, and invariants are
+checked step by step. At `duration` everything heals (cuts, overrides, loss,
+crashed nodes restart, byzantine peers turn honest) and the workload stops; the
+*liveness* phase then runs until every node holds the same version vector, or
+until `expect.converge_within` passes (a violation). The stores are then
+compared in full (`checks.py`).
+
+One `random.Random(seed)` makes every choice (ids, latencies, losses, workload,
+drawn faults, schedule jitter); time is an integer microsecond counter; nothing
+reads the wall clock except the report's own `wall_seconds`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from logsync.sim import checks, workload
+from logsync.sim.clock import VirtualClock, to_s, to_us
+from logsync.sim.driver import Driver
+from logsync.sim.network import Cut, Message, Network
+from logsync.sim.node import SimNode
+from logsync.sim.report import SimReport, Violation, percentile
+from logsync.sim.scenario import Fault, LinkSpec, Scenario
+from logsync.sim.serve import Sizer, serve, tamper
+from logsync.sim.topology import build_edges, draw_faults
+from logsync.sim.trace import Trace
+
+INVARIANT_NAMES = {
+    0: "liveness", 1: "per-origin prefix", 2: "idempotent apply", 3: "verbatim",
+    4: "no dangling references", 5: "divergence is never silent",
+    6: "a bad op never enters", 7: "clocks", 8: "crash safety",
+}
+
+
+@dataclass
+class Metrics:
+    requests: dict[str, int] = field(default_factory=dict)
+    bytes: int = 0
+    notifications: int = 0
+    rounds: int = 0
+    rounds_failed: int = 0
+    applies: int = 0
+    conflicts_seen: int = 0
+    quarantined_seen: int = 0
+    replays: int = 0
+    tampered: int = 0
+    skipped_writes: int = 0
+
+    def request(self, path: str) -> None:
+        self.requests[path] = self.requests.get(path, 0) + 1
+
+
+class Registry:
+    """Every op any node authored, and which nodes hold it since when."""
+
+    def __init__(self, fleet: int) -> None:
+        self.fleet = fleet
+        self.copies: dict[str, dict[str, Any]] = {}
+        self.born: dict[str, int] = {}
+        self.holders: dict[str, set[str]] = {}
+        self.reach: dict[str, int] = {}
+        self.now_us: Callable[[], int] = lambda: 0
+
+    def authored(self, node: SimNode, event: dict[str, Any]) -> None:
+        self.copies[event["id"]] = checks.canonical(event)
+        self.born[event["id"]] = self.now_us()
+        self.holders[event["id"]] = {node.name}
+        self._maybe_reached(event["id"])
+
+    def arrived(self, node: SimNode, event: dict[str, Any]) -> None:
+        holders = self.holders.get(event["id"])
+        if holders is not None and node.name not in holders:
+            holders.add(node.name)
+            self._maybe_reached(event["id"])
+
+    def _maybe_reached(self, event_id: str) -> None:
+        if len(self.holders[event_id]) == self.fleet and event_id not in self.reach:
+            self.reach[event_id] = self.now_us() - self.born[event_id]
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, workdir: Path, trace_sink: TextIO | None = None) -> None:
+        self.scenario = scenario
+        self.rng = random.Random(scenario.seed)
+        self.clock = VirtualClock()
+        self.trace = Trace(self.clock, trace_sink)
+        self.queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._order = 0
+        self._mid = 0
+        self.metrics = Metrics()
+        self.registry = Registry(len(scenario.nodes))
+        self.registry.now_us = lambda: self.clock.now_us
+        self.violations: list[Violation] = []
+        self.windows: list[dict[str, Any]] = []
+        self.samples: list[tuple[float, list[int]]] = []
+        self.phase = "safety"
+        self.heal_us: int | None = None
+        self.converged_us: int | None = None
+        self.done = False
+        self.net = Network(self.clock, self.rng, self.trace, scenario.link, self.schedule,
+                           self._deliver)
+        self.driver = Driver(self)
+        self.sizer = Sizer()
+        self.nodes = self._make_nodes(workdir)
+        self.everyone = [a for n in self.nodes.values() for a in n.agents]
+        self.faults = list(scenario.faults) + draw_faults(scenario, self.rng, self.trace)
+        self._crash_info: dict[str, tuple[dict[str, int], int | None]] = {}
+
+    # ── set-up ────────────────────────────────────────────────────────
+
+    def _make_nodes(self, workdir: Path) -> dict[str, SimNode]:
+        s = self.scenario
+        skews = dict(s.skew)
+        nodes = {}
+        for name in s.nodes:
+            rid = f"rep_{self.rng.getrandbits(128):032x}"
+            skew = skews.get(name, 0.0)
+            if name not in skews and s.skew_max:
+                skew = self.rng.uniform(-s.skew_max, s.skew_max)
+            nodes[name] = SimNode(self, name, rid, workdir / name, int(round(skew * 1000)),
+                                  name not in s.upstream, workload.agent_names(name, s.agents))
+            self.trace.log("setup", f"node {name} replica={rid} skew_ms={int(round(skew * 1000))}"
+                           f" {'logsync' if name not in s.upstream else 'upstream-hub'}")
+        for a, b in build_edges(s, self.rng):
+            nodes[a].pulls_from.append(b)
+            nodes[b].pulls_from.append(a)
+            self.trace.log("setup", f"edge {a} <-> {b}")
+        for node in nodes.values():
+            node.pulls_from.sort()
+            node.subscribers = list(node.pulls_from)
+        return nodes
+
+    # ── the loop ──────────────────────────────────────────────────────
+
+    def schedule(self, when_us: int, fn: Callable[..., None], args: tuple[Any, ...] = ()) -> None:
+        self._order += 1
+        heapq.heappush(self.queue, (when_us, self._order, fn, args))
+
+    def next_mid(self) -> int:
+        self._mid += 1
+        return self._mid
+
+    def run(self) -> SimReport:
+        started = time.perf_counter()
+        s = self.scenario
+        for node in self.nodes.values():
+            node.open()
+        for w in s.workloads:
+            self._next_write(w)
+        for fault in self.faults:
+            self.schedule(to_us(fault.at), self._fault_start, (fault,))
+        self.schedule(to_us(s.duration), self._heal)
+        self._sample()
+        deadline = to_us(s.duration + s.expect.converge_within)
+        self.schedule(deadline, self._deadline)
+        while self.queue and not self.done:
+            when, _, fn, args = heapq.heappop(self.queue)
+            self.clock.advance(when)
+            fn(*args)
+        return self._finish(time.perf_counter() - started)
+
+    def _deadline(self) -> None:
+        if not self.done:
+            self.violation(0, f"not converged {self.scenario.expect.converge_within:g} s after "
+                              "the heal (every node holding the same version vector)")
+            self.done = True
+
+    def _sample(self) -> None:
+        if self.done:
+            return
+        tops: dict[str, int] = {}
+        for node in self.nodes.values():
+            for origin, top in node.vv.items():
+                if top > tops.get(origin, 0):
+                    tops[origin] = top
+        lags = [sum(max(0, t - n.vv.get(o, 0)) for o, t in tops.items())
+                for n in self.nodes.values()]
+        self.samples.append((self.clock.now, lags))
+        every = self.scenario.sample_every or max(self.scenario.duration / 200, 0.01)
+        self.schedule(self.clock.now_us + to_us(every), self._sample)
+
+    # ── messages ──────────────────────────────────────────────────────
+
+    def _deliver(self, msg: Message) -> bool:
+        node = self.nodes[msg.dst]
+        if not node.up:
+            self.trace.log("net", f"drop {msg.src}->{msg.dst} {msg.label()} (node down)")
+            return False
+        if msg.kind == "req":
+            self._serve(node, msg)
+        elif msg.kind == "resp":
+            if msg.incarnation != node.incarnation:
+                self.trace.log("net", f"{node.name} ignores resp#{msg.mid} from a past life")
+            else:
+                self.driver.on_response(node, msg)
+        else:
+            self.driver.on_notify(node, msg.src, msg.tops)
+        return True
+
+    def _serve(self, node: SimNode, msg: Message) -> None:
+        status, body = serve(node.store_or_fail(), msg.path, msg.params, logsync=node.logsync,
+                             max_page=self.scenario.sync.max_page)
+        done = None
+        if status == 200 and node.byzantine is not None:
+            rate, kinds = node.byzantine
+            if self.rng.random() < rate:
+                done = tamper(node.store, msg.path, msg.params, body, kinds, self.rng,
+                              self.nodes[msg.src].replica_id)
+                if done:
+                    self.metrics.tampered += 1
+                    self.trace.fault(f"{node.name} serves {msg.src} a tampered answer: {done}")
+        size = self.sizer.size(body, exact=done is not None)
+        reply = Message("resp", node.name, msg.src, msg.mid, msg.path, status=status,
+                        answer=body, size=size, incarnation=msg.incarnation)
+        self.net.send(reply, extra_delay_us=node.serve_delay_us)
+
+    def notify_change(self, node: SimNode, tops: tuple[tuple[str, int], ...],
+                      source: str | None = None) -> None:
+        """Send the change to every subscriber, as an SSE frame. The frame to the peer the
+        ops were just pulled from is counted but not simulated: it holds them already."""
+        if self.scenario.sync.notify:
+            for peer in node.subscribers:
+                self.metrics.notifications += 1
+                if peer != source:
+                    self.net.send(Message("notify", node.name, peer, self.next_mid(), tops=tops))
+        if self.phase == "liveness":
+            self._check_converged()
+
+    # ── workload ──────────────────────────────────────────────────────
+
+    def _next_write(self, w: workload.Workload) -> None:
+        if w.rate <= 0:
+            return
+        start = max(self.clock.now, w.start)
+        when = start + self.rng.expovariate(w.rate)
+        if when < min(w.until, self.scenario.duration):
+            self.schedule(to_us(when), self._write, (w,))
+
+    def _write(self, w: workload.Workload) -> None:
+        if self.phase != "safety":
+            return
+        node = self.nodes[self.rng.choice(w.nodes)]
+        action = workload.pick_action(w, self.rng)
+        if not node.up:
+            self.metrics.skipped_writes += 1
+            self.trace.log("work", f"{node.name} is down: {action} not written")
+        else:
+            serial = len(self.registry.copies) + 1
+            for event in workload.perform(node, action, w, self.rng, self.everyone, serial):
+                self.trace.log("work", f"{node.name} {action} {event['id']} "
+                               f"seq={event['origin_seq']} hlc={event['hlc'][:20]}")
+                node.authored(event)
+        self._next_write(w)
+
+    # ── invariants as the run goes ────────────────────────────────────
+
+    def violation(self, invariant: int, text: str) -> None:
+        self.violations.append(Violation(invariant, INVARIANT_NAMES[invariant], text,
+                                         to_s(self.clock.now_us)))
+        self.trace.log("VIOLATION", f"[{invariant}] {text}")
+
+    def maybe_replay(self, node: SimNode) -> None:
+        """Invariant 2: re-apply a page applied before; nothing may change."""
+        if not self.scenario.replay or not node.recent_pages \
+                or self.rng.random() >= self.scenario.replay:
+            return
+        events, artifacts = node.recent_pages[self.rng.randrange(len(node.recent_pages))]
+        store = node.store_or_fail()
+        before = store.counts()
+        result = store.apply_remote(events, artifacts)
+        after = store.counts()
+        self.metrics.replays += 1
+        self.trace.log("check", f"{node.name} replays a page of {len(events)} ops: "
+                       f"applied={result.applied} duplicates={result.duplicates}")
+        if result.applied or result.artifacts_applied \
+                or (before["events"], before["artifacts"]) != (after["events"], after["artifacts"]):
+            self.violation(2, f"{node.name}: re-applying a page of {len(events)} ops changed the "
+                              f"store (applied={result.applied}, counts {before} -> {after})")
+
+    def crash_mid_apply(self, node: SimNode) -> None:
+        expected = dict(node.vv)
+        node.crash("power lost inside an apply transaction")
+        _, down_us = self._crash_info.pop(node.name, ({}, None))
+        self._crash_info[node.name] = (expected, None)
+        self.schedule(self.clock.now_us + (down_us or to_us(1.0)), self._restart, (node,))
+
+    def _restart(self, node: SimNode) -> None:
+        if node.up:
+            return
+        expected, _ = self._crash_info.pop(node.name, (None, None))
+        node.open()
+        self.trace.log("node", f"{node.name} up (incarnation {node.incarnation})")
+        if expected is not None and node.vv != expected:
+            self.violation(8, f"{node.name} restarted with vector {node.vv} but had committed "
+                              f"{expected} before the crash")
+        if self.phase == "liveness":
+            self._check_converged()
+
+    # ── faults ────────────────────────────────────────────────────────
+
+    def _fault_start(self, fault: Fault) -> None:
+        if self.phase != "safety":
+            return
+        self.trace.fault(f"start {fault.describe()}")
+        until = fault.until if fault.until is not None else self.scenario.duration
+        handler = getattr(self, f"_start_{fault.kind}")
+        handler(fault, until)
+
+    def _window(self, fault: Fault, until: float, label: str) -> None:
+        self.windows.append({"kind": fault.kind, "start": fault.at,
+                             "end": min(until, self.scenario.duration), "label": label})
+
+    def _cut_window(self, fault: Fault, until: float, test: Callable[[str, str], bool],
+                    label: str) -> None:
+        cut = self.net.add_cut(Cut(label, test))
+        self._window(fault, until, label)
+        self.schedule(to_us(until), self._end_cut, (cut,))
+
+    def _end_cut(self, cut: Cut) -> None:
+        if cut in self.net.cuts:
+            self.net.remove_cut(cut)
+            self.trace.fault(f"heal {cut.label}")
+
+    def _start_partition(self, fault: Fault, until: float) -> None:
+        group = {n: i for i, g in enumerate(fault.groups) for n in g}
+        label = "partition " + "|".join(",".join(g) for g in fault.groups)
+        self._cut_window(fault, until, lambda a, b: a in group and b in group
+                         and group[a] != group[b], label)
+
+    def _start_oneway(self, fault: Fault, until: float) -> None:
+        src, dst = set(fault.src), set(fault.dst)
+        label = f"oneway {','.join(fault.src)}->{','.join(fault.dst)}"
+        self._cut_window(fault, until, lambda a, b: a in src and b in dst, label)
+
+    def _start_isolate(self, fault: Fault, until: float) -> None:
+        name = fault.node
+        self._cut_window(fault, until, lambda a, b: name in (a, b), f"isolate {name}")
+
+    def _start_flap(self, fault: Fault, until: float) -> None:
+        pair = set(fault.nodes)
+        label = f"flap {','.join(fault.nodes)}"
+        cut = self.net.add_cut(Cut(label, lambda a, b: a in pair and b in pair))
+        self._window(fault, until, label)
+        self._toggle(cut, fault.period / 2, until)
+
+    def _toggle(self, cut: Cut, half: float, until: float) -> None:
+        if self.phase != "safety" or self.clock.now >= until:
+            self.net.remove_cut(cut)
+            return
+        self.trace.fault(f"{cut.label} {'down' if cut.active else 'up'}")
+        self.schedule(self.clock.now_us + to_us(half), self._flip, (cut, half, until))
+
+    def _flip(self, cut: Cut, half: float, until: float) -> None:
+        cut.active = not cut.active
+        self._toggle(cut, half, until)
+
+    def _start_crash(self, fault: Fault, until: float) -> None:
+        node = self.nodes[fault.node or ""]
+        down_us = to_us(until - fault.at)
+        self._window(fault, until, f"{node.name} down")
+        if fault.mid_apply:
+            node.crash_on_apply = True
+            self._crash_info[node.name] = ({}, down_us)
+            return
+        self._crash_info[node.name] = (dict(node.vv), None)
+        node.crash("crash fault")
+        self.schedule(to_us(until), self._restart, (node,))
+
+    def _start_clock_jump(self, fault: Fault, until: float) -> None:
+        node = self.nodes[fault.node or ""]
+        node.clock.jump(int(round(fault.by * 1000)))
+
+    def _start_slow(self, fault: Fault, until: float) -> None:
+        node = self.nodes[fault.node or ""]
+        node.serve_delay_us = to_us(fault.serve_delay)
+        self.schedule(to_us(until), self._end_slow, (node,))
+
+    def _end_slow(self, node: SimNode) -> None:
+        if node.serve_delay_us:
+            node.serve_delay_us = 0
+            self.trace.fault(f"{node.name} serves at full speed again")
+
+    def _start_link(self, fault: Fault, until: float) -> None:
+        label = f"link {','.join(fault.src)}->{','.join(fault.dst)} #{fault.at:g}"
+        self.net.add_override(fault.src, fault.dst, fault.link or LinkSpec(), label)
+        self._window(fault, until, label)
+        self.schedule(to_us(until), self._end_link, (label,))
+
+    def _end_link(self, label: str) -> None:
+        self.net.remove_override(label)
+        self.trace.fault(f"heal {label}")
+
+    def _start_restore(self, fault: Fault, until: float) -> None:
+        node = self.nodes[fault.node or ""]
+        if not node.restore(fault.backup_at):
+            self.trace.fault(f"{node.name}: no backup taken at or before {fault.backup_at:g} s")
+        else:
+            self.trace.fault(f"{node.name} restored from its backup of t={fault.backup_at:g} s: "
+                             f"vector now {len(node.vv)} origins")
+
+    def _start_byzantine(self, fault: Fault, until: float) -> None:
+        node = self.nodes[fault.node or ""]
+        node.byzantine = (fault.rate, fault.tamper)
+        self.schedule(to_us(until), self._end_byzantine, (node,))
+
+    def _end_byzantine(self, node: SimNode) -> None:
+        if node.byzantine is not None:
+            node.byzantine = None
+            self.trace.fault(f"{node.name} turns honest")
+
+    def take_backups(self) -> None:
+        """Backups are taken when a restore fault names the moment (`backup_at`)."""
+        for fault in self.faults:
+            if fault.kind == "restore":
+                self.schedule(to_us(fault.backup_at), self._backup, (fault,))
+
+    def _backup(self, fault: Fault) -> None:
+        node = self.nodes[fault.node or ""]
+        node.snapshot(self.clock.now)
+        self.trace.fault(f"backup of {node.name} taken ({sum(node.vv.values())} ops)")
+
+    # ── the liveness phase ────────────────────────────────────────────
+
+    def _heal(self) -> None:
+        self.phase = "liveness"
+        self.heal_us = self.clock.now_us
+        self.trace.fault("heal everything: liveness phase begins")
+        self.net.heal_all()
+        for node in self.nodes.values():
+            node.serve_delay_us = 0
+            node.byzantine = None
+            node.crash_on_apply = False
+        for node in self.nodes.values():
+            if not node.up:
+                self._restart(node)
+        self._checkpoint("end of the safety phase")
+        self._check_converged()
+
+    def _checkpoint(self, when: str) -> None:
+        for node in self.nodes.values():
+            snap = checks.snapshot(node)
+            checks.check_node(snap, node, self.registry.copies,
+                              lambda i, t, w=when: self.violation(i, f"{t} ({w})"))
+
+    def _check_converged(self) -> None:
+        if self.done or self.converged_us is not None:
+            return
+        nodes = list(self.nodes.values())
+        if not all(n.up for n in nodes):
+            return
+        first = nodes[0].vv
+        if all(n.vv == first for n in nodes[1:]):
+            self.converged_us = self.clock.now_us
+            self.trace.log("check", "converged: every node holds the same version vector")
+            self.done = True
+
+    # ── the end ───────────────────────────────────────────────────────
+
+    def _finish(self, wall: float) -> SimReport:
+        self.done = True
+        if self.converged_us is not None:
+            self.samples.append((self.clock.now, [0] * len(self.nodes)))
+        snaps = [checks.snapshot(n) for n in self.nodes.values() if n.up]
+        report_fn = self.violation
+        for snap in snaps:
+            checks.check_node(snap, self.nodes[snap.node], self.registry.copies, report_fn)
+        verdict = checks.check_fleet(snaps, report_fn) if len(snaps) > 1 else None
+        view_summary = checks.check_views(snaps, self.everyone, report_fn) \
+            if verdict is not None and verdict.identical else {}
+        for node in self.nodes.values():
+            node.crash("end of run")
+        return self._report(wall, snaps, verdict, view_summary)
+
+    def _report(self, wall: float, snaps: list[checks.Snapshot], verdict: Any,
+                view_summary: dict[str, Any]) -> SimReport:
+        s = self.scenario
+        reach = sorted(to_s(v) for v in self.registry.reach.values())
+        events = len(self.registry.copies)
+        requests = sum(self.metrics.requests.values())
+        heal = to_s(self.heal_us) if self.heal_us is not None else None
+        converged = to_s(self.converged_us) if self.converged_us is not None else None
+        return SimReport(
+            scenario=s.name, variant=s.variant, seed=s.seed, source=s.source,
+            trace_hash=self.trace.digest(), trace_lines=self.trace.lines,
+            nodes=list(self.nodes), duration=s.duration, heal_at=heal,
+            converged_at=converged,
+            convergence_s=None if converged is None or heal is None else converged - heal,
+            events=events, artifacts=max((sn.counts["artifacts"] for sn in snaps), default=0),
+            requests=dict(sorted(self.metrics.requests.items())), requests_total=requests,
+            bytes=self.metrics.bytes, notifications=self.metrics.notifications,
+            rounds=self.metrics.rounds, rounds_failed=self.metrics.rounds_failed,
+            applies=self.metrics.applies, replays=self.metrics.replays,
+            tampered=self.metrics.tampered, skipped_writes=self.metrics.skipped_writes,
+            reach_count=len(reach),
+            reach_median=statistics.median(reach) if reach else None,
+            reach_p99=percentile(reach, 0.99), reach_max=reach[-1] if reach else None,
+            lost=events - len(reach),
+            conflicts={sn.node: sn.counts["conflicts"] for sn in snaps},
+            quarantined={sn.node: sn.counts["quarantined"] for sn in snaps},
+            conflict_kinds=_kinds(snaps, "conflicts"),
+            quarantine_reasons=_kinds(snaps, "quarantine"),
+            divergent=0 if verdict is None else verdict.divergent_keys,
+            divergent_recorded=0 if verdict is None else verdict.recorded,
+            views=view_summary, faults=list(self.trace.faults), windows=self.windows,
+            samples=self.samples, violations=self.violations, wall_seconds=wall,
+            expect=s.expect, net=dict(self.net.stats.__dict__),
+        )
+
+
+def _kinds(snaps: list[checks.Snapshot], ledger: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for snap in snaps:
+        for row in getattr(snap, ledger):
+            key = row.get("kind", "?") if ledger == "conflicts" else \
+                f"{row.get('kind', '?')}: {str(row.get('reason', ''))[:60]}"
+            out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def run_scenario(scenario: Scenario, *, trace_sink: TextIO | None = None,
+                 workdir: Path | None = None) -> SimReport:
+    """Run one seed of a scenario in a fresh temporary directory (tmpfs when there is one)."""
+    base = workdir or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
+    root = Path(tempfile.mkdtemp(prefix="logsync-sim-", dir=base))
+    try:
+        sim = Simulation(scenario, root, trace_sink)
+        sim.take_backups()
+        return sim.run()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,205 @@
+"""The serving half of a simulated node: `/sync/*` answers built from its Store.
+
+The same shapes `logsync/server.py` sends (and, for a node marked `upstream`,
+what a MemPalace 3.11 hub sends: no advertisement, pages capped at 500, no
+inline artifacts). A logsync node advertises its extensions under
+`engine.ADVERTISEMENT_KEY` with `engine.ADVERTISED_MAX_PAGE`; `/sync/ops`
+honours `ext=large_pages` (limit up to max_page) and `ext=inline_artifacts`
+(the page's artifacts in the answer), as the engine asks for them.
+
+A byzantine node passes its answers through `tamper()`, which alters one item
+in a way a receiver must catch (or, for `fork`, in the one way it cannot).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from logsync import engine
+from logsync.errors import ValidationError
+
+UPSTREAM_PAGE = engine.UPSTREAM_PAGE_LIMIT
+
+
+def serve(store: Any, path: str, params: dict[str, Any], *, logsync: bool,
+          max_page: int) -> tuple[int, Any]:
+    """(status, body) for one GET, as a logsync server (or an upstream hub) answers it."""
+    if path == "/sync/version_vector":
+        body: dict[str, Any] = {"replica_id": store.replica_id,
+                                "version_vector": store.version_vector()}
+        if logsync:
+            body[engine.ADVERTISEMENT_KEY] = {
+                "version": 1,
+                "extensions": [engine.EXT_MSGPACK, engine.EXT_LARGE_PAGES,
+                               engine.EXT_INLINE_ARTIFACTS],
+                engine.ADVERTISED_MAX_PAGE: max_page,
+            }
+        return 200, body
+    if path == "/sync/ops":
+        return _ops(store, params, logsync=logsync, max_page=max_page)
+    if path == "/sync/artifact":
+        artifact_id = params.get("id") or ""
+        if not artifact_id:
+            return 400, {"error": "id must be a non-empty artifact id"}
+        artifact = store.get_artifact(artifact_id)
+        if artifact is None:
+            return 404, {"error": f"artifact {artifact_id!r} not found"}
+        return 200, {"artifact": artifact}
+    return 404, {"error": f"no route {path}"}
+
+
+def _ops(store: Any, params: dict[str, Any], *, logsync: bool, max_page: int) -> tuple[int, Any]:
+    origin = params.get("origin") or ""
+    try:
+        after = _int(params, "after", 0)
+        limit = _int(params, "limit", UPSTREAM_PAGE)
+    except ValueError as exc:
+        return 400, {"error": str(exc)}
+    if not origin:
+        return 400, {"error": "origin must be a non-empty replica id"}
+    if after < 0:
+        return 400, {"error": f"after={after} must be a non-negative integer"}
+    if limit < 1:
+        return 400, {"error": f"limit={limit} must be a positive integer"}
+    asked = _extensions(params) if logsync else set()
+    cap = max_page if engine.EXT_LARGE_PAGES in asked else UPSTREAM_PAGE
+    try:
+        events = store.list_ops(origin, after, min(limit, cap), max_limit=cap)
+    except ValidationError as exc:
+        return 400, {"error": str(exc)}
+    body: dict[str, Any] = {"origin": origin, "events": events, "count": len(events)}
+    if engine.EXT_INLINE_ARTIFACTS in asked:
+        ids: dict[str, None] = {}
+        for event in events:
+            ids.update((a, None) for a in event.get("artifact_ids") or [])
+        body["artifacts"] = store.get_artifacts(ids) if ids else []
+    return 200, body
+
+
+def _int(params: dict[str, Any], name: str, default: int) -> int:
+    raw = params.get(name, default)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    try:
+        return int(str(raw))
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def _extensions(params: dict[str, Any]) -> set[str]:
+    """`ext=a,b` (server.py also takes `inline_artifacts=1`)."""
+    names = {n.strip().lower() for n in str(params.get(engine.EXTENSIONS_PARAM, "")).split(",")}
+    if str(params.get("inline_artifacts", "")).lower() in ("1", "true"):
+        names.add(engine.EXT_INLINE_ARTIFACTS)
+    return names - {""}
+
+
+def _json_len(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+
+
+class Sizer:
+    """Bytes on the wire for a compact JSON answer (what bytes-per-op counts).
+
+    An op's encoding differs between replicas only in `seq`, so the size of each op
+    without it is computed once per id and content; the total is exact.
+    """
+
+    def __init__(self) -> None:
+        self._ops: dict[tuple[str, str], int] = {}
+
+    def size(self, body: Any, *, exact: bool = False) -> int:
+        """`exact` skips the cache (a tampered answer may differ in any field)."""
+        if exact or not isinstance(body, dict) or not isinstance(body.get("events"), list):
+            return _json_len(body)
+        events = body["events"]
+        rest = {k: v for k, v in body.items() if k != "events"}
+        total = _json_len(rest) + len(',"events":[]') + max(0, len(events) - 1)
+        for event in events:
+            total += self._op(event)
+        return total
+
+    def _op(self, event: Any) -> int:
+        if not isinstance(event, dict) or not isinstance(event.get("seq"), int):
+            return _json_len(event)
+        key = (str(event.get("id")), str(event.get("body")))
+        base = self._ops.get(key)
+        if base is None:
+            base = _json_len(dict(event, seq=0)) - 1
+            self._ops[key] = base
+        return base + len(str(event["seq"]))
+
+
+# ── a byzantine server ────────────────────────────────────────────────
+
+
+def tamper(
+    store: Any, path: str, params: dict[str, Any], body: Any, kinds: tuple[str, ...],
+    rng: random.Random, requester: str,
+) -> str | None:
+    """Alter one item of a 200 answer in place; return what was done (None = untouched)."""
+    if path == "/sync/artifact" and isinstance(body, dict) and "artifact" in body:
+        if "bad_artifact" in kinds:
+            body["artifact"] = dict(body["artifact"], content=body["artifact"]["content"] + "X")
+            return f"bad_artifact {body['artifact']['id']}"
+        return None
+    if path != "/sync/ops" or not isinstance(body, dict) or not body.get("events"):
+        return None
+    kind = rng.choice(kinds)
+    events: list[dict[str, Any]] = body["events"]
+    index = rng.randrange(len(events))
+    victim = dict(events[index])
+    if kind == "corrupt":
+        victim["type"] = "Not A Valid Type!"
+        events[index] = victim
+        return f"corrupt {victim['id']} type"
+    if kind == "fork":
+        victim["body"] = f"{victim['body']} [forked by a byzantine peer]"
+        events[index] = victim
+        return f"fork {victim['id']} body"
+    if kind == "wrong_origin":
+        victim["origin_replica"] = requester
+        events[index] = victim
+        return f"wrong_origin {victim['id']} claims the requester's origin"
+    if kind == "bad_artifact":
+        return _bad_inline_artifact(body) or _corrupt_fallback(events, index, victim)
+    if kind == "stale_fork":
+        return _stale_fork(store, params, events) or _corrupt_fallback(events, index, victim)
+    return _id_reuse(events)
+
+
+def _corrupt_fallback(events: list[dict], index: int, victim: dict) -> str:
+    victim["hlc"] = "not-an-hlc"
+    events[index] = victim
+    return f"corrupt {victim['id']} hlc"
+
+
+def _bad_inline_artifact(body: dict[str, Any]) -> str | None:
+    artifacts = body.get("artifacts") or []
+    if not artifacts:
+        return None
+    first = dict(artifacts[0], content=artifacts[0]["content"] + "X")
+    body["artifacts"] = [first, *artifacts[1:]]
+    return f"bad_artifact {first['id']} inline"
+
+
+def _stale_fork(store: Any, params: dict[str, Any], events: list[dict]) -> str | None:
+    after = _int(params, "after", 0)
+    if after < 1:
+        return None
+    held = store.list_ops(params["origin"], after - 1, 1)
+    if not held:
+        return None
+    forked = dict(held[0], body=held[0]["body"] + " [stale fork]")
+    events.insert(0, forked)
+    return f"stale_fork {forked['id']} seq={forked['origin_seq']} <= after={after}"
+
+
+def _id_reuse(events: list[dict]) -> str:
+    last = events[-1]
+    fake = dict(last, origin_seq=last["origin_seq"] + 1, body="an op that reuses an id")
+    fake["id"] = events[0]["id"]
+    events.append(fake)
+    return f"id_reuse seq={fake['origin_seq']} id={fake['id']}"
