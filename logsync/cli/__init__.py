@@ -65,3 +65,4 @@ from logsync.cli import (  # noqa: E402
     local,  # noqa: F401
     replication,  # noqa: F401
 )
+from logsync.cli import sim  # noqa: E402,F401
