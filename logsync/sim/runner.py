@@ -37,6 +37,7 @@ from logsync.sim.serve import Sizer, serve, tamper
 from logsync.sim.topology import build_edges, draw_faults
 from logsync.sim.trace import Trace
 
+VIOLATIONS_KEPT = 10
 INVARIANT_NAMES = {
     0: "liveness", 1: "per-origin prefix", 2: "idempotent apply", 3: "verbatim",
     4: "no dangling references", 5: "divergence is never silent",
@@ -117,6 +118,7 @@ class Simulation:
         self.everyone = [a for n in self.nodes.values() for a in n.agents]
         self.faults = list(scenario.faults) + draw_faults(scenario, self.rng, self.trace)
         self._crash_info: dict[str, tuple[dict[str, int], int | None]] = {}
+        self._violation_counts: dict[int, int] = {}
 
     # ── set-up ────────────────────────────────────────────────────────
 
@@ -267,9 +269,21 @@ class Simulation:
     # ── invariants as the run goes ────────────────────────────────────
 
     def violation(self, invariant: int, text: str) -> None:
-        self.violations.append(Violation(invariant, INVARIANT_NAMES[invariant], text,
-                                         to_s(self.clock.now_us)))
+        """Record a broken invariant; past ten of one kind, only count them."""
         self.trace.log("VIOLATION", f"[{invariant}] {text}")
+        seen = self._violation_counts.get(invariant, 0) + 1
+        self._violation_counts[invariant] = seen
+        if seen <= VIOLATIONS_KEPT:
+            self.violations.append(Violation(invariant, INVARIANT_NAMES[invariant], text,
+                                             to_s(self.clock.now_us)))
+
+    def _count_suppressed(self) -> None:
+        for invariant, seen in sorted(self._violation_counts.items()):
+            if seen > VIOLATIONS_KEPT:
+                self.violations.append(Violation(
+                    invariant, INVARIANT_NAMES[invariant],
+                    f"... and {seen - VIOLATIONS_KEPT} more of this kind (see --trace)",
+                    to_s(self.clock.now_us)))
 
     def maybe_replay(self, node: SimNode) -> None:
         """Invariant 2: re-apply a page applied before; nothing may change."""
@@ -481,6 +495,7 @@ class Simulation:
             if verdict is not None and verdict.identical else {}
         for node in self.nodes.values():
             node.crash("end of run")
+        self._count_suppressed()
         return self._report(wall, snaps, verdict, view_summary)
 
     def _report(self, wall: float, snaps: list[checks.Snapshot], verdict: Any,

@@ -244,7 +244,8 @@ def scenario_from_dict(
         upstream=tuple(n for n in upstream if _known(n, known, "nodes.upstream", source)),
         agents=agents,
         topology=topology,
-        k=topo.integer("k", default=3, low=1, high=max(1, len(nodes) - 1)),
+        k=topo.integer("k", default=min(3, len(nodes) - 1), low=1, high=len(nodes) - 1)
+        if topology == "random-k" else 3,
         hub=topo.node("hub", known, default=nodes[0]),
         edges=_read_edges(topo, known) if topology == "edges" else (),
         link=_read_link(top.table("network", _NETWORK_KEYS), base=LinkSpec()),
@@ -685,36 +686,68 @@ def _check_network_nodes(s: Scenario) -> None:
 
 
 def render_scenario(s: Scenario) -> str:
-    """A TOML rendering of a Scenario (used to print failing hypothesis examples)."""
-    lines = [f"name = {s.name!r}".replace("'", '"'), f"seed = {s.seed}",
-             f"duration = {s.duration!r}", "", "[nodes]",
-             "names = [" + ", ".join(f'"{n}"' for n in s.nodes) + "]",
-             f"agents = {s.agents}"]
+    """The Scenario as a scenario file that parses back to the same run (used to print
+    failing hypothesis examples)."""
+    def q(items: tuple[str, ...]) -> str:
+        return "[" + ", ".join(f'"{n}"' for n in items) + "]"
+
+    lines = [f'name = "{s.name}"', f"seed = {s.seed}", f"duration = {s.duration!r}",
+             f"replay = {s.replay!r}"]
+    if s.sample_every is not None:
+        lines.append(f"sample_every = {s.sample_every!r}")
+    lines += ["", "[nodes]", f"names = {q(s.nodes)}", f"agents = {s.agents}",
+              f"skew_max = {s.skew_max!r}", f"upstream = {q(s.upstream)}"]
     if s.skew:
         lines.append("skew = { " + ", ".join(f"{n} = {v!r}" for n, v in s.skew) + " }")
     lines += ["", "[topology]", f'kind = "{s.topology}"']
     if s.topology == "random-k":
         lines.append(f"k = {s.k}")
     if s.topology == "hub-and-spoke":
-        lines.append(f'hub = "{s.hub}"')
+        lines.append(f'hub = "{s.hub or s.nodes[0]}"')
     if s.topology == "edges":
         lines.append("edges = [" + ", ".join(f'["{a}", "{b}"]' for a, b in s.edges) + "]")
-    lat = s.link.latency
-    lines += ["", "[network]", _latency_toml(lat), f"loss = {s.link.loss!r}",
-              f"duplicate = {s.link.duplicate!r}", f"reorder = {s.link.reorder!r}",
-              "", "[sync]", f'mode = "{s.sync.mode}"', f"interval = {s.sync.interval!r}",
-              f"debounce = {s.sync.debounce!r}", f"timeout = {s.sync.timeout!r}",
-              f"backoff_cap = {s.sync.backoff_cap!r}", "", "[expect]",
-              f"converge_within = {s.expect.converge_within!r}"]
+    lines += ["", "[network]", *_link_toml(s.link), "", "[sync]", *_sync_toml(s.sync), "",
+              "[expect]", *_expect_toml(s.expect)]
+    r = s.random
+    if any((r.partitions, r.oneways, r.crashes, r.clock_jumps, r.flaps, r.slow,
+            r.link_faults)):
+        lines += ["", "[random]", f"window = [{r.window[0]!r}, {r.window[1]!r}]",
+                  f"max_length = {r.max_length!r}", f"max_jump = {r.max_jump!r}"]
+        lines += [f"{k} = {getattr(r, k)}" for k in _RANDOM_KEYS[:7]]
     for w in s.workloads:
-        lines += ["", "[[workload]]", "nodes = [" + ", ".join(f'"{n}"' for n in w.nodes) + "]",
-                  f"rate = {w.rate!r}", f"from = {w.start!r}"]
+        lines += ["", "[[workload]]", f"nodes = {q(w.nodes)}", f"rate = {w.rate!r}",
+                  f"from = {w.start!r}", f"patch_bytes = {w.patch_bytes}"]
         if math.isfinite(w.until):
             lines.append(f"until = {w.until!r}")
         lines.append("mix = { " + ", ".join(f"{a} = {v!r}" for a, v in w.mix) + " }")
     for f in s.faults:
         lines += ["", "[[fault]]", *_fault_toml(f)]
     return "\n".join(lines) + "\n"
+
+
+def _link_toml(link: LinkSpec) -> list[str]:
+    return [_latency_toml(link.latency), f"loss = {link.loss!r}",
+            f"duplicate = {link.duplicate!r}", f"reorder = {link.reorder!r}",
+            f"reorder_delay = {link.reorder_delay!r}"]
+
+
+def _sync_toml(sync: SyncSpec) -> list[str]:
+    out = [f'mode = "{sync.mode}"']
+    for key in ("interval", "jitter", "debounce", "backoff_base", "backoff_cap", "timeout"):
+        out.append(f"{key} = {getattr(sync, key)!r}")
+    out += [f"notify = {str(sync.notify).lower()}", f"extensions = {str(sync.extensions).lower()}",
+            f"max_page = {sync.max_page}", f"origins_in_flight = {sync.origins_in_flight}"]
+    if sync.page_limit is not None:
+        out.append(f"page_limit = {sync.page_limit}")
+    return out
+
+
+def _expect_toml(expect: Expect) -> list[str]:
+    out = [f"converge_within = {expect.converge_within!r}"]
+    for key in ("median_reach", "max_reach", "requests_per_event"):
+        if getattr(expect, key) is not None:
+            out.append(f"{key} = {getattr(expect, key)!r}")
+    return out
 
 
 def _latency_toml(lat: Latency) -> str:
@@ -756,7 +789,6 @@ def _fault_toml(f: Fault) -> list[str]:
     if f.kind == "byzantine":
         out += [f"rate = {f.rate!r}", f"tamper = {q(f.tamper)}"]
     if f.kind == "link" and f.link is not None:
-        if f.link.latency.a >= 0:
-            out.append(_latency_toml(f.link.latency))
-        out += [f"loss = {f.link.loss!r}", f"duplicate = {f.link.duplicate!r}"]
+        link = _link_toml(f.link)
+        out += link if f.link.latency.a >= 0 else link[1:]
     return out

@@ -1,0 +1,260 @@
+"""The simulator itself: replayable from a seed, its faults happen, its checks catch bugs.
+
+Small scenarios written inline; the scenario library lives in test_sim_library.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from logsync.cli import cli
+from logsync.sim import parse_scenario, run_scenario
+from logsync.sim.node import StoreView
+
+SMALL = """
+name = "small"
+duration = "12s"
+[nodes]
+count = 4
+[network]
+latency = { dist = "uniform", min = "5ms", max = "60ms" }
+loss = 0.05
+duplicate = 0.05
+reorder = 0.1
+[sync]
+interval = "2s"
+backoff_cap = "2s"
+timeout = "1s"
+[[workload]]
+rate = 15
+[[fault]]
+kind = "partition"
+at = "3s"
+until = "8s"
+groups = [["n0"], ["n1", "n2", "n3"]]
+[expect]
+converge_within = "20s"
+"""
+
+
+def small(extra: str = "", seed: int = 1) -> Any:
+    return parse_scenario(SMALL + extra, source="small.toml").with_seed(seed)
+
+
+def test_one_seed_replays_byte_for_byte_and_seeds_differ() -> None:
+    first, again, other = (run_scenario(small(seed=s)) for s in (7, 7, 8))
+    assert first.ok, first.text()
+    assert first.trace_hash == again.trace_hash
+    assert first.trace_lines == again.trace_lines and first.events == again.events
+    assert other.trace_hash != first.trace_hash
+
+
+def test_the_trace_does_not_depend_on_the_process(tmp_path: Path) -> None:
+    """Another interpreter with another string-hash seed writes the same trace."""
+    scenario = tmp_path / "small.toml"
+    scenario.write_text(SMALL)
+    hashes = []
+    for hash_seed in ("1", "4242"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        out = subprocess.run(
+            [sys.executable, "-m", "logsync", "simulate", str(scenario), "--seed", "3", "--json"],
+            capture_output=True, text=True, env=env, timeout=120, check=True,
+        )
+        hashes.append(json.loads(out.stdout)["trace_hash"])
+    assert hashes[0] == hashes[1]
+
+
+def test_a_clean_run_converges_with_identical_views_and_reports_its_figures() -> None:
+    report = run_scenario(small())
+    assert report.ok, report.text()
+    assert report.convergence_s is not None and report.convergence_s < 20
+    assert report.lost == 0 and report.reach_count == report.events > 50
+    assert report.views["agents_seen"] == 8 and report.views["claims"] >= 1
+    assert report.requests_total > 0 and report.bytes > 0 and report.notifications > 0
+    assert report.net["lost"] > 0 and report.net["duplicated"] > 0 and report.net["cut"] > 0
+    assert report.windows == [{"kind": "partition", "start": 3.0, "end": 8.0,
+                               "label": "partition n0|n1,n2,n3"}]
+    assert max(report.max_lag().values()) > 0
+    assert "trace sha256" in report.text() and report.as_dict()["ok"] is True
+
+
+def test_every_fault_decision_is_in_the_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.txt"
+    result = CliRunner().invoke(cli, ["simulate", str(_write(tmp_path, SMALL)), "--trace",
+                                      str(trace)])
+    assert result.exit_code == 0, result.output
+    lines = trace.read_text().splitlines()
+    assert any(" fault start partition " in line for line in lines)
+    assert any(" net drop " in line and " loss" in line for line in lines)
+    assert any(" dup" in line for line in lines)
+    assert any("cut=partition" in line for line in lines)
+    assert lines[0].split()[0] == "0" and lines[0].split()[1] == "setup"
+
+
+def test_crash_inside_an_apply_transaction_commits_nothing_and_restarts_clean() -> None:
+    extra = """
+[[fault]]
+kind = "crash"
+node = "n2"
+at = "1s"
+until = "2s"
+mid_apply = true
+[[fault]]
+kind = "crash"
+node = "n3"
+at = "9s"
+until = "10s"
+"""
+    report = run_scenario(small(extra))
+    assert report.ok, report.text()
+    assert any("inside an apply transaction" in f for f in report.faults)
+    assert any("start crash at=9" in f for f in report.faults)
+
+
+def test_replayed_pages_change_nothing() -> None:
+    report = run_scenario(parse_scenario("replay = 0.5\n" + SMALL, source="replay.toml"))
+    assert report.ok, report.text()
+    assert report.replays > 10
+
+
+def test_an_upstream_hub_node_gets_plain_requests_and_artifacts_one_by_one() -> None:
+    text = SMALL.replace("count = 4", 'count = 3\nupstream = ["n1"]') \
+        .replace("[[workload]]\nrate = 15", "[[workload]]\nrate = 15\nmix = { patch = 1 }") \
+        .replace('groups = [["n0"], ["n1", "n2", "n3"]]', 'groups = [["n0"], ["n1", "n2"]]')
+    report = run_scenario(parse_scenario(text, source="hub.toml"))
+    assert report.ok, report.text()
+    assert report.requests.get("/sync/artifact", 0) > 0
+    assert report.artifacts == report.events
+
+
+@pytest.mark.parametrize("mode", ["round", "targeted"])
+def test_both_sync_modes_converge_on_every_topology(mode: str) -> None:
+    for topology in ("ring", "hub-and-spoke", "random-k"):
+        text = SMALL.replace("count = 4", "count = 5") + \
+            f'[topology]\nkind = "{topology}"\nk = 1\n'
+        text = text.replace("[sync]", f'[sync]\nmode = "{mode}"')
+        report = run_scenario(parse_scenario(text, source=f"{topology}.toml"))
+        assert report.ok, report.text()
+
+
+def test_skew_jumps_oneway_flaps_slow_peers_and_isolation_keep_every_invariant() -> None:
+    extra = """
+[[fault]]
+kind = "clock_jump"
+node = "n1"
+at = "2s"
+by = "-30m"
+[[fault]]
+kind = "oneway"
+src = ["n2"]
+dst = ["n3"]
+at = "1s"
+until = "6s"
+[[fault]]
+kind = "flap"
+nodes = ["n1", "n3"]
+at = "2s"
+until = "9s"
+period = "500ms"
+[[fault]]
+kind = "slow"
+node = "n3"
+at = "0s"
+until = "10s"
+serve_delay = "700ms"
+[[fault]]
+kind = "isolate"
+node = "n2"
+at = "9s"
+"""
+    text = SMALL.replace("count = 4", 'count = 4\nskew = { n0 = "2m", n3 = "-90s" }')
+    report = run_scenario(parse_scenario(text + extra, source="mix.toml"))
+    assert report.ok, report.text()
+    assert report.rounds_failed > 0
+
+
+def test_a_byzantine_peer_is_quarantined_or_refused_and_never_stored() -> None:
+    extra = """
+[[fault]]
+kind = "byzantine"
+node = "n3"
+at = "0s"
+until = "10s"
+rate = 0.5
+tamper = ["corrupt", "wrong_origin", "stale_fork", "id_reuse", "bad_artifact"]
+"""
+    text = SMALL.replace("rate = 15", "rate = 15\nmix = { ask = 1, patch = 1 }")
+    report = run_scenario(parse_scenario(text + extra, source="byz.toml"))
+    assert report.ok, report.text()
+    assert report.tampered > 5
+    assert sum(report.quarantined.values()) > 0 and sum(report.conflicts.values()) > 0
+
+
+def test_the_checks_catch_an_undetectable_fork_and_name_seed_and_scenario() -> None:
+    """A peer serving a forked op to a replica that lacks it cannot be told from the truth;
+    the simulator still sees the op was never authored so and reports it."""
+    extra = """
+[[fault]]
+kind = "byzantine"
+node = "n3"
+at = "0s"
+until = "10s"
+rate = 0.5
+tamper = ["fork"]
+"""
+    report = run_scenario(small(extra, seed=5))
+    assert not report.ok
+    assert {v.invariant for v in report.violations} & {3, 5}
+    assert "logsync simulate small.toml --seed 5" in report.text()
+
+
+def test_the_checks_catch_a_store_that_skips_an_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant 1 is checked as the run goes: a store that drops the first op of a page
+    (leaving a hole below what it then holds) is caught at that apply."""
+    real = StoreView.apply_remote
+
+    def lossy(self: StoreView, events: list[dict], artifacts: list[dict]) -> Any:
+        return real(self, events[1:] if len(events) > 1 else events, artifacts)
+
+    monkeypatch.setattr(StoreView, "apply_remote", lossy)
+    report = run_scenario(small())
+    assert any(v.invariant == 1 for v in report.violations), report.text()
+
+
+def test_plot_and_json(tmp_path: Path) -> None:
+    plot = tmp_path / "lag.png"
+    result = CliRunner().invoke(cli, ["simulate", str(_write(tmp_path, SMALL)), "--plot",
+                                      str(plot), "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["ok"] and payload["plot"] == str(plot)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert payload["lag_samples"][0]["t"] == 0 and len(payload["lag_samples"][0]["lag"]) == 4
+
+
+def test_sweep_summarises_and_fails_when_a_seed_fails(tmp_path: Path) -> None:
+    runner = CliRunner()
+    good = runner.invoke(cli, ["simulate", str(_write(tmp_path, SMALL)), "--seeds", "1..3",
+                               "--json"])
+    assert good.exit_code == 0, good.output
+    summary = json.loads(good.output)
+    assert summary["runs"] == 3 and summary["failed_seeds"] == []
+    assert len({s["trace_hash"] for s in summary["seeds"]}) == 3
+    forked = SMALL + '[[fault]]\nkind = "byzantine"\nnode = "n3"\ntamper = ["fork"]\nrate = 0.5\n'
+    bad = runner.invoke(cli, ["simulate", str(_write(tmp_path, forked, "fork.toml")),
+                              "--seeds", "1..2"])
+    assert bad.exit_code == 1 and "2 failed (1, 2)" in bad.output
+
+
+def _write(tmp_path: Path, text: str, name: str = "small.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
