@@ -146,6 +146,47 @@ def test_round_pulls_everything_with_artifacts_and_counts_bytes(pair):
     assert run_round(target, StorePeer(source)).applied == 0
 
 
+def _ops_afters(peer: StorePeer) -> list[int]:
+    return [int(c.url.params["after"]) for c in peer.calls if c.url.path == "/sync/ops"]
+
+
+def test_the_page_after_a_full_page_is_prefetched_once_and_used(pair):
+    """1 200 ops in upstream pages of 500: after=0, 500, 1000, each fetched exactly once
+    (1000 speculatively, while 500 was applied); the short last page ends the guessing."""
+    source, target = pair
+    fill(source, 1200)
+    peer = StorePeer(source)
+    report = run_round(target, peer)
+    assert report.applied == 1200
+    assert _ops_afters(peer) == [0, 500, 1000]
+    assert target.version_vector() == source.version_vector()
+
+
+def test_a_wrong_guess_is_dropped_and_an_error_in_it_is_never_raised(pair):
+    """The store stops the origin at op 500 (a missing artifact), so the prefetched page
+    after 500 is never asked for: its 503 must not fail the round."""
+    source, target = pair
+    fill(source, 1001)
+    ops = source.list_ops(source.replica_id, 0, 500)
+    ops[-1] = {**ops[-1], "artifact_ids": ["art_gone"]}
+    peer = StorePeer(source)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        params = request.url.params
+        if request.url.path == "/sync/ops" and params["after"] == "0":
+            peer.calls.append(request)
+            return httpx.Response(200, json={"origin": params["origin"], "events": ops,
+                                             "count": len(ops)})
+        if request.url.path == "/sync/ops":
+            peer.calls.append(request)
+            return httpx.Response(503, json={"error": "busy"})
+        return peer(request)
+
+    report = run_round(target, handler, sleep=Sleeps())
+    assert report.applied == 499 and report.quarantined == 1
+    assert target.version_vector()[source.replica_id] == 499
+
+
 def test_msgpack_is_used_only_when_advertised(pair):
     source, target = pair
     fill(source, 2)
