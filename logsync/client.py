@@ -95,7 +95,8 @@ class PeerClient:
             limits=httpx.Limits(max_connections=concurrency,
                                 max_keepalive_connections=concurrency),
             # Plain http never uses TLS: skip loading the CA bundle (~0.1 s per client).
-            verify=tls_context(verify, ca_file) if self.url.startswith("https:") else False,
+            verify=(tls_context(verify, ca_file)
+                    if ca_file or self.url.startswith("https:") else False),
             transport=transport,
             follow_redirects=False,
         )
