@@ -15,7 +15,8 @@ Rules of a round:
    {origin: int >= 0}}` is a `PeerProtocolError`. Origins whose id is not
    replica-id shaped are skipped and reported, so one bad origin a hub holds
    cannot wedge every other origin (invariant 6).
-2. Per origin other than our own, pull `(ours, theirs]` in origin_seq order,
+2. Per origin the peer holds more of, pull `(ours, theirs]` in origin_seq order
+   (our own origin too: see `missing_ranges`),
    one `/sync/ops` page at a time. A page must be an object with a list
    `events`, every op of the requested origin, origin_seq strictly increasing
    and above `after`, no longer than asked; otherwise nothing of it is stored.
@@ -202,12 +203,19 @@ def _split_vector(
 def missing_ranges(
     local: Mapping[str, int], remote: Mapping[str, int], own: str
 ) -> list[tuple[str, int, int]]:
-    """(origin, after, top) for every origin the peer holds more of; never our own."""
+    """(origin, after, top) for every origin the peer holds more of.
+
+    That includes our own origin only when the peer holds more of it than we do:
+    this palace was restored from an older copy (or cloned). Then the whole of our
+    own origin is compared from the start, once: ops we lost come back (the store
+    records them as `restored_replica`), and any slot we re-used since the restore
+    is found as a recorded `fork` rather than staying silently different.
+    """
     ranges = []
     for origin in sorted(remote):
-        after = int(local.get(origin, 0))
-        if origin != own and remote[origin] > after:
-            ranges.append((origin, after, remote[origin]))
+        held = int(local.get(origin, 0))
+        if remote[origin] > held:
+            ranges.append((origin, 0 if origin == own else held, remote[origin]))
     return ranges
 
 

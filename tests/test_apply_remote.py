@@ -282,15 +282,35 @@ def test_same_id_twice_in_one_page_is_a_conflict(store: Store, remote: RemoteKit
     assert store.counts()["events"] == 1
 
 
-def test_an_op_claiming_our_origin_that_we_never_wrote_is_a_conflict(
-    store: Store, remote: RemoteKit
+def test_our_own_op_above_our_top_is_recovered_and_recorded(
+    store: Store, remote: RemoteKit, clock: FakeClock
 ) -> None:
+    """A peer holding our own op 2 while we stop at 1 means we were restored from an older
+    copy: the op comes back (never a fork of seq 2 later), and the event is recorded."""
     me = store.replica_id
     own = store.append_event("task.note", "proj", "general", "lead", body="mine")
     echoed = {k: v for k, v in own.items()}
-    forged = remote.op(me, 2, body="not mine")
-    result = store.apply_remote([echoed, forged])
-    assert (result.applied, result.duplicates, result.conflicts) == (0, 1, 1)
+    lost = remote.op(me, 2, ms=clock.ms + 1000, body="written before the restore")
+    result = store.apply_remote([echoed, lost])
+    assert (result.applied, result.duplicates, result.conflicts) == (1, 1, 1)
+    (conflict,) = store.list_conflicts()
+    assert conflict["kind"] == "restored_replica"
+    assert "restored from an older copy or cloned" in conflict["reason"]
+    assert conflict["local"] is None and conflict["remote"] == lost
+    assert store.version_vector() == {me: 2}
+    nxt = store.append_event("task.note", "proj", "general", "lead")
+    assert nxt["origin_seq"] == 3 and nxt["hlc"] > lost["hlc"]
+
+
+def test_an_op_claiming_our_origin_with_a_stamp_beyond_the_drift_bound_is_a_conflict(
+    store: Store, remote: RemoteKit, clock: FakeClock
+) -> None:
+    """Taking it back would drag our own clock an hour ahead: refused, recorded."""
+    me = store.replica_id
+    store.append_event("task.note", "proj", "general", "lead", body="mine")
+    forged = remote.op(me, 2, ms=clock.ms + 3_600_000, body="not mine")
+    result = store.apply_remote([forged])
+    assert (result.applied, result.conflicts) == (0, 1)
     (conflict,) = store.list_conflicts()
     assert conflict["kind"] == "forged_origin"
     assert conflict["reason"] == (

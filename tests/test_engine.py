@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -144,6 +145,36 @@ def test_never_pulls_its_own_origin(stores):
     assert b.replica_id in report.remote_vector
     assert all(r.params["origin"] != b.replica_id for r in peer.ops_requests())
     assert b.replica_id not in report.origins
+
+
+def test_a_replica_restored_from_a_backup_recovers_its_own_ops_and_records_the_fork(
+    tmp_path: Path,
+):
+    """b is restored from a copy taken after 2 ops; a already holds b's ops 1-5. The
+    restored b writes one op (forking slot 3), then pulls: slots 4-5 come back as
+    `restored_replica`, slot 3 is a recorded fork, and b's next op gets slot 6."""
+    a, b = open_store(tmp_path, "a"), open_store(tmp_path, "b")
+    append(b, 2)
+    b.close()
+    backup = tmp_path / "backup"
+    shutil.copytree(tmp_path / "b", backup)
+    b = open_store(tmp_path, "b")
+    append(b, 3)
+    pull(a, FakePeer(b))
+    b.close()
+    shutil.rmtree(tmp_path / "b")
+    shutil.copytree(backup, tmp_path / "b")
+    b = open_store(tmp_path, "b")
+    assert b.version_vector()[b.replica_id] == 2
+    (fork,) = append(b, 1)
+    report = pull(b, FakePeer(a))
+    kinds = sorted((c["kind"], c["origin_seq"]) for c in b.list_conflicts())
+    assert kinds == [("fork", 3), ("restored_replica", 4), ("restored_replica", 5)]
+    assert report.origins[b.replica_id].applied == 2
+    assert b.get_event(fork["id"]) is not None  # the local copy is never overwritten
+    assert append(b, 1)[0]["origin_seq"] == 6
+    a.close()
+    b.close()
 
 
 def test_second_round_pulls_nothing(stores):

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from logsync import hlc as hlc_mod
 from logsync import model
 from logsync.errors import ValidationError
 from logsync.replica import is_replica_id
@@ -52,6 +53,7 @@ class _ApplyState:
     """Mutable bookkeeping for one apply transaction."""
 
     now: str
+    now_ms: int = 0
     known_artifacts: set[str] = field(default_factory=set)
     events: list[tuple[Any, ...]] = field(default_factory=list)
     links: list[tuple[str, str]] = field(default_factory=list)
@@ -71,10 +73,10 @@ def apply_page(
     replica_id: str,
     events: Sequence[Any],
     artifacts: Sequence[Any],
-    now: str,
+    now_ms: int,
 ) -> tuple[ApplyResult, str | None]:
     """Apply inside the caller's transaction; returns the result and the newest HLC applied."""
-    state = _ApplyState(now=now)
+    state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
     applier = _Applier(conn, replica_id, state)
     applier.apply_artifacts(artifacts)
     for origin, ops in group_by_origin(events).items():
@@ -218,7 +220,7 @@ class _Applier:
                 op,
             )
             return "skip"
-        if origin == self.replica_id:
+        if origin == self.replica_id and not self._recoverable(row, seq, top):
             _conflict(
                 state,
                 "forged_origin",
@@ -262,7 +264,30 @@ class _Applier:
             reason = f"names artifact {missing[0]!r}, which is not present"
             self._stop(origin, _quarantine(state, "event", op, reason))
             return "stop"
+        if origin == self.replica_id:
+            _conflict(
+                state,
+                "restored_replica",
+                row["id"],
+                origin,
+                seq,
+                "a peer holds this replica's own op above its last origin_seq: the palace was "
+                "restored from an older copy or cloned; the op was recovered",
+                None,
+                op,
+            )
         return "insert"
+
+    def _recoverable(self, row: dict[str, Any], seq: int, top: int) -> bool:
+        """Our own op, above everything we hold, that a peer still has: this palace was
+        restored from an older copy (or cloned). Taking it back means our next local op
+        gets a fresh origin_seq instead of forking one the fleet already holds; it is
+        recorded as a `restored_replica` conflict so the event is never silent. A stamp
+        beyond the drift bound is refused: it would drag our own clock forward."""
+        stamp = hlc_mod.parse(row["hlc"])
+        if seq <= top or stamp is None:
+            return False
+        return stamp.ms <= self.state.now_ms + hlc_mod.MAX_FUTURE_DRIFT_MS
 
     def _stop(self, origin: str, reason: str) -> None:
         self.state.stopped.setdefault(origin, reason)

@@ -641,9 +641,8 @@ class Store:
 
     def apply_remote(self, events: Sequence[Any], artifacts: Sequence[Any] = ()) -> ApplyResult:
         """Fold a page of remote ops (and the artifacts they name) in, in one transaction."""
-        now = model.utc_now_iso(self._wall_ms())
         with self._atomic(durable=False) as conn:
-            result, max_hlc = apply_page(conn, self.replica_id, events, artifacts, now)
+            result, max_hlc = apply_page(conn, self.replica_id, events, artifacts, self._wall_ms())
         if max_hlc:
             self.clock.observe(max_hlc)
         return result
