@@ -7,9 +7,10 @@ This is the simulated twin of `client.py` plus the pull loops of the daemon:
   `failed()`; a change notification goes through `notified()`.
 - A *full* round is `engine.pull_round(...)` with `batch_artifacts=True`, as
   the client runs it. Each `Request` it yields becomes a request message; the
-  answer message is `send()`-ed back in; a timeout, an error status or a
-  crash of the peer is `throw()`-n in as the `PeerError` the client would
-  raise.
+  answer message is `send()`-ed back in. A request that times out is retried
+  as the client retries (`attempts`, exponential wait with jitter); when the
+  attempts are spent, or on an error status, the `PeerError` the client would
+  raise is `throw()`-n in.
 - In `targeted` mode a notification names (origin, origin_seq) pairs, as the
   events in an SSE frame do. A round started by a notification skips the
   vector and runs `engine.pull_origin` for just the notified origins, side by
@@ -39,14 +40,18 @@ if TYPE_CHECKING:
 
 @dataclass
 class Flow:
-    """One generator being driven: a whole round, or one origin of a targeted round."""
+    """One generator being driven: a whole round, or one origin of a targeted round.
+    `step` counts the generator's steps, so a retry scheduled for an old step is dropped."""
 
     gen: Generator[Any, Any, Any]
     origin: str | None = None
-    pending: dict[int, int] = field(default_factory=dict)
-    paths: dict[int, engine.Request] = field(default_factory=dict)
+    requests: list[engine.Request] = field(default_factory=list)
+    waiting: dict[int, int] = field(default_factory=dict)
+    open_slots: set[int] = field(default_factory=set)
+    tries: list[int] = field(default_factory=list)
     answers: list[Any] = field(default_factory=list)
     batch: bool = False
+    step: int = 0
 
 
 @dataclass
@@ -212,27 +217,33 @@ class Driver:
     def _issue(self, run: Run, flow: Flow, step: Any) -> None:
         requests = step.requests if isinstance(step, engine.Batch) else (step,)
         flow.batch = isinstance(step, engine.Batch)
+        flow.requests = list(requests)
         flow.answers = [None] * len(requests)
-        flow.pending, flow.paths = {}, {}
-        timeout_us = to_us(self.spec.timeout)
-        for slot, request in enumerate(requests):
-            mid = self.sim.next_mid()
-            flow.pending[mid] = slot
-            flow.paths[mid] = request
-            self.by_mid[mid] = (run, flow)
-            self.sim.metrics.request(request.path)
-            self.sim.net.send(Message("req", run.node.name, run.link.name, mid, request.path,
-                                      dict(request.params), incarnation=run.node.incarnation))
-            self.sim.schedule(self.sim.clock.now_us + timeout_us, self._timeout, (run, flow, mid))
+        flow.tries = [1] * len(requests)
+        flow.open_slots = set(range(len(requests)))
+        flow.waiting = {}
+        flow.step += 1
+        for slot in range(len(requests)):
+            self._send(run, flow, slot)
+
+    def _send(self, run: Run, flow: Flow, slot: int) -> None:
+        request = flow.requests[slot]
+        mid = self.sim.next_mid()
+        flow.waiting[mid] = slot
+        self.by_mid[mid] = (run, flow)
+        self.sim.metrics.request(request.path)
+        self.sim.net.send(Message("req", run.node.name, run.link.name, mid, request.path,
+                                  dict(request.params), incarnation=run.node.incarnation))
+        self.sim.schedule(self.sim.clock.now_us + to_us(self.spec.timeout), self._timeout,
+                          (run, flow, mid))
 
     def on_response(self, node: SimNode, msg: Message) -> None:
         entry = self.by_mid.pop(msg.mid, None)
         if entry is None or entry[0].over or entry[0].node is not node:
-            self.sim.trace.log("sync", f"{node.name} ignores resp#{msg.mid} (duplicate or late)")
             return
         run, flow = entry
-        slot = flow.pending.pop(msg.mid)
-        request = flow.paths.pop(msg.mid)
+        slot = flow.waiting.pop(msg.mid)
+        request = flow.requests[slot]
         run.report.bytes_received += msg.size
         self.sim.metrics.bytes += msg.size
         if msg.status == 200:
@@ -248,22 +259,41 @@ class Driver:
                 f"peer {run.link.name}: GET {request.path} answered {msg.status}: {said}",
                 peer=run.link.name))
             return
-        if not flow.pending:
+        flow.open_slots.discard(slot)
+        if not flow.open_slots:
             self._advance(run, flow, flow.answers if flow.batch else flow.answers[0])
 
     def _timeout(self, run: Run, flow: Flow, mid: int) -> None:
-        if run.over or mid not in flow.pending:
+        """As the client does: a timed-out request is retried (equal-jitter exponential
+        wait, tenacity's `wait_random_exponential`) up to `attempts`, then the round fails."""
+        if run.over or mid not in flow.waiting:
             return
-        request = flow.paths[mid]
+        slot = flow.waiting.pop(mid)
+        self.by_mid.pop(mid, None)
+        request = flow.requests[slot]
+        if flow.tries[slot] < self.spec.attempts:
+            high = min(self.spec.retry_max, self.spec.retry_backoff * 2 ** (flow.tries[slot] - 1))
+            wait = to_us(self.sim.rng.uniform(0.0, high))
+            flow.tries[slot] += 1
+            self.sim.trace.log("sync", f"{run.node.name} retries {request.path} on "
+                               f"{run.link.name} (attempt {flow.tries[slot]}) in {wait}us")
+            self.sim.schedule(self.sim.clock.now_us + wait, self._resend,
+                              (run, flow, slot, flow.step))
+            return
         self._throw(run, flow, PeerTransientError(
-            f"peer {run.link.name}: GET {request.path} timed out after {self.spec.timeout:g} s",
-            peer=run.link.name))
+            f"peer {run.link.name}: GET {request.path} timed out after {self.spec.timeout:g} s "
+            f"({flow.tries[slot]} attempts)", peer=run.link.name))
+
+    def _resend(self, run: Run, flow: Flow, slot: int, step: int) -> None:
+        if not run.over and flow.step == step and slot in flow.open_slots:
+            self._send(run, flow, slot)
 
     def _throw(self, run: Run, flow: Flow, error: PeerError) -> None:
-        for mid in flow.pending:
+        for mid in flow.waiting:
             self.by_mid.pop(mid, None)
-        flow.pending.clear()
-        flow.paths.clear()
+        flow.waiting.clear()
+        flow.open_slots.clear()
+        flow.step += 1
         self._advance(run, flow, exc=error)
 
     # ── endings ───────────────────────────────────────────────────────
@@ -316,9 +346,10 @@ class Driver:
 
     def _close_flows(self, run: Run) -> None:
         for flow in run.flows + run.queued:
-            for mid in flow.pending:
+            for mid in flow.waiting:
                 self.by_mid.pop(mid, None)
-            flow.pending.clear()
+            flow.waiting.clear()
+            flow.open_slots.clear()
             flow.gen.close()
             self._release(run.node, flow)
         run.flows, run.queued = [], []

@@ -78,6 +78,9 @@ class SyncSpec:
     page_limit: int | None = None
     extensions: bool = True
     timeout: float = 5.0
+    attempts: int = 4
+    retry_backoff: float = 0.5
+    retry_max: float = 10.0
     max_page: int = 5000
     origins_in_flight: int = 8
 
@@ -304,7 +307,8 @@ _LINK_KEYS = ("latency", "loss", "duplicate", "reorder", "reorder_delay")
 _NETWORK_KEYS = _LINK_KEYS
 _SYNC_KEYS = (
     "mode", "interval", "jitter", "debounce", "backoff_base", "backoff_cap", "notify",
-    "page_limit", "extensions", "timeout", "max_page", "origins_in_flight",
+    "page_limit", "extensions", "timeout", "attempts", "retry_backoff", "retry_max",
+    "max_page", "origins_in_flight",
 )
 _WORKLOAD_KEYS = ("nodes", "rate", "from", "until", "mix", "patch_bytes")
 _FAULT_KEYS = (
@@ -564,6 +568,9 @@ def _read_sync(t: _Table) -> SyncSpec:
         page_limit=t.integer("page_limit", None, low=1, high=100_000),
         extensions=t.boolean("extensions", d.extensions),
         timeout=t.duration("timeout", d.timeout, low=0.001),
+        attempts=t.integer("attempts", d.attempts, low=1, high=100),
+        retry_backoff=t.duration("retry_backoff", d.retry_backoff),
+        retry_max=t.duration("retry_max", d.retry_max),
         max_page=t.integer("max_page", d.max_page, low=1, high=100_000),
         origins_in_flight=t.integer("origins_in_flight", d.origins_in_flight, low=1, high=1000),
     )
@@ -733,10 +740,12 @@ def _link_toml(link: LinkSpec) -> list[str]:
 
 def _sync_toml(sync: SyncSpec) -> list[str]:
     out = [f'mode = "{sync.mode}"']
-    for key in ("interval", "jitter", "debounce", "backoff_base", "backoff_cap", "timeout"):
+    for key in ("interval", "jitter", "debounce", "backoff_base", "backoff_cap", "timeout",
+                "retry_backoff", "retry_max"):
         out.append(f"{key} = {getattr(sync, key)!r}")
     out += [f"notify = {str(sync.notify).lower()}", f"extensions = {str(sync.extensions).lower()}",
-            f"max_page = {sync.max_page}", f"origins_in_flight = {sync.origins_in_flight}"]
+            f"max_page = {sync.max_page}", f"origins_in_flight = {sync.origins_in_flight}",
+            f"attempts = {sync.attempts}"]
     if sync.page_limit is not None:
         out.append(f"page_limit = {sync.page_limit}")
     return out
