@@ -187,7 +187,7 @@ class _Applier:
                 batch_keys[row["origin_seq"]] = row
                 self._stage_insert(row)
                 top = max(top, row["origin_seq"])
-        if origin != self.replica_id and is_replica_id(origin):
+        if is_replica_id(origin):
             state.high_water[origin] = max(top, state.high_water.get(origin, 0))
 
     def _classify(
