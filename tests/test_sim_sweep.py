@@ -68,6 +68,9 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     topology = draw(st.sampled_from(["full-mesh", "ring", "hub-and-spoke", "random-k"]))
     low = draw(ms)
     latency = draw(st.sampled_from([Latency("fixed", low), Latency("uniform", low, low * 3)]))
+    # Liveness needs a request timeout above the round trip (as any real deployment has):
+    # at least three times the worst one-way delay plus reordering.
+    floor = round(3 * (max(latency.a, latency.b) + 0.2), 3)
     mix = tuple((a, float(draw(st.integers(0, 3)))) for a in ACTIONS)
     if not any(w for _, w in mix):
         mix = (("ask", 1.0),)
@@ -83,7 +86,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
                       interval=draw(st.integers(5, 40)) / 10,
                       debounce=draw(st.integers(0, 100)) / 1000,
                       backoff_cap=draw(st.integers(5, 40)) / 10,
-                      timeout=draw(st.integers(3, 20)) / 10,
+                      timeout=max(floor, draw(st.integers(3, 20)) / 10),
                       page_limit=draw(st.sampled_from([None, 1, 3])),
                       extensions=draw(st.booleans())),
         workloads=(Workload(nodes, float(draw(st.integers(1, 25))), 0.0, float("inf"), mix,

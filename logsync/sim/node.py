@@ -157,6 +157,7 @@ class SimNode:
             return
         self.sim.driver.stop_node(self)
         self.up = False
+        self.crash_on_apply = False
         if self.store is not None:
             self.store.close()
         self.store = None

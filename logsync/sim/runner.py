@@ -117,7 +117,8 @@ class Simulation:
         self.nodes = self._make_nodes(workdir)
         self.everyone = [a for n in self.nodes.values() for a in n.agents]
         self.faults = list(scenario.faults) + draw_faults(scenario, self.rng, self.trace)
-        self._crash_info: dict[str, tuple[dict[str, int], int | None]] = {}
+        self._expect_at_restart: dict[str, dict[str, int]] = {}
+        self._mid_apply_down: dict[str, int] = {}
         self._violation_counts: dict[int, int] = {}
 
     # ── set-up ────────────────────────────────────────────────────────
@@ -304,16 +305,15 @@ class Simulation:
                               f"store (applied={result.applied}, counts {before} -> {after})")
 
     def crash_mid_apply(self, node: SimNode) -> None:
-        expected = dict(node.vv)
+        self._expect_at_restart[node.name] = dict(node.vv)
         node.crash("power lost inside an apply transaction")
-        _, down_us = self._crash_info.pop(node.name, ({}, None))
-        self._crash_info[node.name] = (expected, None)
-        self.schedule(self.clock.now_us + (down_us or to_us(1.0)), self._restart, (node,))
+        down_us = self._mid_apply_down.pop(node.name, to_us(1.0))
+        self.schedule(self.clock.now_us + down_us, self._restart, (node,))
 
     def _restart(self, node: SimNode) -> None:
         if node.up:
             return
-        expected, _ = self._crash_info.pop(node.name, (None, None))
+        expected = self._expect_at_restart.pop(node.name, None)
         node.open()
         self.trace.log("node", f"{node.name} up (incarnation {node.incarnation})")
         if expected is not None and node.vv != expected:
@@ -382,13 +382,15 @@ class Simulation:
 
     def _start_crash(self, fault: Fault, until: float) -> None:
         node = self.nodes[fault.node or ""]
-        down_us = to_us(until - fault.at)
+        if not node.up:
+            self.trace.fault(f"{node.name} is already down")
+            return
         self._window(fault, until, f"{node.name} down")
         if fault.mid_apply:
             node.crash_on_apply = True
-            self._crash_info[node.name] = ({}, down_us)
+            self._mid_apply_down[node.name] = to_us(until - fault.at)
             return
-        self._crash_info[node.name] = (dict(node.vv), None)
+        self._expect_at_restart[node.name] = dict(node.vv)
         node.crash("crash fault")
         self.schedule(to_us(until), self._restart, (node,))
 
