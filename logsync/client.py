@@ -19,7 +19,7 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
 
 import anyio
@@ -31,9 +31,19 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from tenacity.wait import wait_random_exponential
 
 from logsync import __version__
-from logsync.engine import Batch, Request, RoundReport, Step, StoreLike, pull_round
+from logsync.engine import (
+    Batch,
+    Extensions,
+    Request,
+    RoundReport,
+    Step,
+    StoreLike,
+    pull_round,
+    targeted_origin,
+)
 from logsync.errors import (
     ConfigError,
+    LogsyncError,
     PeerAuthError,
     PeerError,
     PeerProtocolError,
@@ -125,23 +135,59 @@ class PeerClient:
         report = report if report is not None else RoundReport(peer=self.name)
         gen = pull_round(store, self.name, page_limit=page_limit, use_extensions=use_extensions,
                          batch_artifacts=True, report=report)
-        outcome: RoundReport | PeerError
+        outcome: RoundReport | LogsyncError
         async with anyio.create_task_group() as prefetches:
             try:
                 outcome = await self._drive(gen, report, _Prefetcher(self, prefetches, report))
-            except PeerError as exc:  # returned, so the task group does not wrap it
+            except LogsyncError as exc:  # returned, so the task group does not wrap it
                 outcome = exc
             finally:
                 gen.close()
                 prefetches.cancel_scope.cancel()
-        if isinstance(outcome, PeerError):
+        if isinstance(outcome, LogsyncError):
             raise outcome
         return outcome
 
-    async def _drive(
-        self, gen: Generator[Step, Any, RoundReport], report: RoundReport,
-        prefetcher: _Prefetcher,
+    async def run_targeted(
+        self,
+        store: StoreLike,
+        targets: Mapping[str, int],
+        ext: Extensions,
+        *,
+        origins_in_flight: int = 8,
+        report: RoundReport | None = None,
     ) -> RoundReport:
+        """A round started by change notifications: just the named origins, side by side
+        (`engine.choose_targets` picks them, `engine.targeted_origin` pulls each)."""
+        report = report if report is not None else RoundReport(peer=self.name)
+        report.extensions = ext.names()
+        limiter = anyio.CapacityLimiter(max(1, origins_in_flight))
+        failures: list[LogsyncError] = []
+
+        async def one(origin: str, top: int) -> None:
+            gen = targeted_origin(store, self.name, origin, top, ext, report,
+                                  batch_artifacts=True)
+            async with limiter, anyio.create_task_group() as prefetches:
+                try:
+                    await self._drive(gen, report, _Prefetcher(self, prefetches, report))
+                except LogsyncError as exc:  # a store failure too: kept, never wrapped
+                    failures.append(exc)
+                    group.cancel_scope.cancel()
+                finally:
+                    gen.close()
+                    prefetches.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as group:
+            for origin, top in sorted(targets.items()):
+                group.start_soon(one, origin, top)
+        if failures:
+            raise failures[0]
+        report.local_vector_after = dict(await anyio.to_thread.run_sync(store.version_vector))
+        return report
+
+    async def _drive(
+        self, gen: Generator[Step, Any, Any], report: RoundReport, prefetcher: _Prefetcher,
+    ) -> Any:
         done, value = await anyio.to_thread.run_sync(_advance, gen, "send", None)
         while not done:
             try:

@@ -28,9 +28,9 @@ from anyio.abc import TaskGroup
 from logsync import peers as peers_mod
 from logsync.client import PeerClient, tls_context
 from logsync.defaults import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
-from logsync.engine import PullSchedule
+from logsync.engine import Extensions, PullSchedule, RoundReport, choose_targets
 from logsync.errors import ConfigError, LogsyncError, PeerError, PeerTransientError, StoreError
-from logsync.peerstate import PeerBook
+from logsync.peerstate import PeerBook, PeerState
 from logsync.server import create_app, is_loopback_host
 from logsync.store import Store
 from logsync.watch import watch_stream
@@ -72,9 +72,22 @@ class DaemonConfig:
 
 @dataclass
 class _PeerTask:
+    """One peer's loop: its notifications since the last round, and what it knows."""
+
     peer: peers_mod.Peer
     scope: anyio.CancelScope
     wake: anyio.Event = field(default_factory=anyio.Event)
+    notified: dict[str, int] = field(default_factory=dict)  # origin -> top seen in frames
+    wants_full: bool = True  # a (re)connected stream may have missed frames
+    extensions: Extensions | None = None  # known after the first full round
+    last_full: float = float("-inf")
+
+    def note(self, origin: str | None, seq: int | None) -> None:
+        if origin is None or seq is None:
+            self.wants_full = True
+        elif seq > self.notified.get(origin, 0):
+            self.notified[origin] = seq
+        self.wake.set()
 
 
 class _QuietServer(uvicorn.Server):
@@ -95,6 +108,7 @@ class Daemon:
         self.book = PeerBook.load(config.palace)
         self._rng = rng or random.Random()
         self._tasks: dict[str, _PeerTask] = {}
+        self._inflight: dict[str, int] = {}  # origin -> top being pulled (any peer)
         self._peers_signature: tuple[int, int] | None = ("unread",)  # type: ignore[assignment]
         self.app = create_app(
             self.store, token=config.token, peer_state_provider=self.peer_entries,
@@ -174,10 +188,7 @@ class Daemon:
                 await self._pull_loop(task)
 
     async def _watch(self, task: _PeerTask) -> None:
-        def changed() -> None:
-            task.wake.set()
-
-        await watch_stream(task.peer.url, task.peer.token, changed, rng=self._rng,
+        await watch_stream(task.peer.url, task.peer.token, task.note, rng=self._rng,
                            verify=tls_context(True, self.config.ca_file))
 
     # ── one peer ──────────────────────────────────────────────────────
@@ -203,29 +214,69 @@ class Daemon:
                 schedule.notified(anyio.current_time())
 
     async def _one_round(self, client: PeerClient, task: _PeerTask, schedule: PullSchedule) -> None:
+        """A full anti-entropy round, or -- after notifications -- just the named origins."""
         state = self.book.get(task.peer.key, task.peer.url)
-        schedule.begin(anyio.current_time())
+        now = anyio.current_time()
+        schedule.begin(now)
         state.record_attempt(time.time())
+        local = await anyio.to_thread.run_sync(self.store.version_vector)
+        targets = choose_targets(
+            task.notified, local, self.store.replica_id, self._inflight,
+            extensions_known=task.extensions is not None and not task.wants_full,
+            since_full=now - task.last_full, interval=self.config.interval,
+        )
+        task.notified = {}
         try:
-            report = await client.run_round(self.store)
+            report = await self._pull(client, task, targets)
         except (PeerError, StoreError) as exc:
             # A store failure (disk full, locked past the timeout) is ours, not the
             # peer's, but it too must only back this loop off, never end the daemon.
             log.warning("peer %s: %s", task.peer.key, exc)
             state.record_failure(exc, time.time())
+            task.wants_full = True
             hint = exc.retry_after if isinstance(exc, PeerTransientError) else None
             schedule.failed(anyio.current_time(), hint)
         else:
-            state.record_success(report, time.time())
-            if report.applied:
-                log.info("peer %s: +%d events, +%d artifacts", task.peer.key, report.applied,
-                         report.artifacts)
-                self.app.state.notifier.notify()
+            self._record(task, state, report, full=targets is None)
             if task.wake.is_set():
                 task.wake = anyio.Event()
                 schedule.notified(anyio.current_time())
             schedule.succeeded(anyio.current_time())
         await anyio.to_thread.run_sync(self._save_state)
+
+    async def _pull(self, client: PeerClient, task: _PeerTask,
+                    targets: dict[str, int] | None) -> RoundReport:
+        if targets is None:
+            task.wants_full = False
+            task.last_full = anyio.current_time()
+            report = await client.run_round(self.store)
+            task.extensions = report.negotiated
+            return report
+        assert task.extensions is not None
+        claimed = {o: t for o, t in targets.items() if t > self._inflight.get(o, 0)}
+        self._inflight.update(claimed)  # no origin pulled from two peers at once
+        try:
+            return await client.run_targeted(self.store, targets, task.extensions)
+        finally:
+            for origin, top in claimed.items():
+                if self._inflight.get(origin) == top:
+                    del self._inflight[origin]
+
+    def _record(self, task: _PeerTask, state: PeerState, report: RoundReport, *,
+                full: bool) -> None:
+        now = time.time()
+        if full:
+            state.record_success(report, now)
+        else:
+            state.record_targeted(report, now)
+        if report.applied:
+            log.info("peer %s: +%d events, +%d artifacts", task.peer.key, report.applied,
+                     report.artifacts)
+            self.app.state.notifier.notify()
+        if report.conflicts or report.quarantined:
+            log.warning("peer %s: %d conflicts and %d quarantined ops recorded (see `logsync "
+                        "conflicts` and `logsync quarantine`)", task.peer.key, report.conflicts,
+                        report.quarantined)
 
     # ── state shared with the server and `logsync status` ─────────────
 

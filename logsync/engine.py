@@ -251,6 +251,7 @@ class RoundReport:
     remote_profile: dict[str, Any] | None = None
     remote_profiles: dict[str, Any] = field(default_factory=dict)
     extensions: list[str] = field(default_factory=list)
+    negotiated: Extensions | None = None
     skipped_origins: dict[str, str] = field(default_factory=dict)
     origins: dict[str, OriginProgress] = field(default_factory=dict)
     local_vector_before: dict[str, int] = field(default_factory=dict)
@@ -347,12 +348,64 @@ def pull_round(
     return report
 
 
+def choose_targets(
+    notified: Mapping[str, int],
+    local: Mapping[str, int],
+    own: str,
+    inflight: Mapping[str, int],
+    *,
+    extensions_known: bool,
+    since_full: float,
+    interval: float,
+) -> dict[str, int] | None:
+    """What a round started by change notifications should pull.
+
+    A notification names (origin, origin_seq) pairs -- the events in the peer's
+    stream frames. Returns the origins (and how far) to pull without fetching the
+    vector first, or None for a full anti-entropy round: when we do not know the
+    peer's extensions yet (no full round so far) or the last full round is two
+    intervals old. Our own origin and origins already being pulled that far
+    (from another peer) are left out; an empty dict means nothing to do.
+    """
+    if not extensions_known or since_full >= 2 * interval:
+        return None
+    return {
+        origin: top
+        for origin, top in sorted(notified.items())
+        if origin != own and top > local.get(origin, 0) and top > inflight.get(origin, 0)
+    }
+
+
+def targeted_origin(
+    store: StoreLike,
+    peer: str,
+    origin: str,
+    top: int,
+    ext: Extensions,
+    report: RoundReport,
+    *,
+    page_limit: int | None = None,
+    batch_artifacts: bool = False,
+) -> Generator[Step, Any, OriginProgress]:
+    """Pull one notified origin up to `top`, with no vector fetch: a targeted round
+    runs one of these per origin chosen by `choose_targets`, side by side."""
+    held = int(store.version_vector().get(origin, 0))
+    progress = OriginProgress(origin=origin, start=held, target=top, reached=held)
+    report.origins[origin] = progress
+    if top <= held:
+        progress.stop_reason = STOP_CAUGHT_UP
+        return progress
+    limit = _effective_limit(page_limit, ext)
+    return (yield from pull_origin(store, peer, progress, ext, limit, batch_artifacts, report))
+
+
 def _fill_header(report: RoundReport, remote: PeerVector, ext: Extensions) -> None:
     report.peer_replica = remote.replica_id
     report.remote_vector = dict(remote.vector)
     report.remote_profile = remote.profile
     report.remote_profiles = dict(remote.profiles)
     report.extensions = ext.names()
+    report.negotiated = ext
     report.skipped_origins = dict(remote.skipped_origins)
 
 

@@ -118,6 +118,19 @@ class PeerState:
         self.stopped_origins = report.stopped_origins()
         self.skipped_origins = dict(report.skipped_origins)
 
+    def record_targeted(self, report: RoundReport, now: float) -> None:
+        """A notified round: same bookkeeping as a success, but it saw no vector, so the
+        peer's last known vector only rises to what the round reached."""
+        vector, profile = self.remote_version_vector, self.profile
+        extensions, skipped = list(self.extensions), dict(self.skipped_origins)
+        self.record_success(report, now)
+        merged = dict(vector or {})
+        for origin, progress in report.origins.items():
+            merged[origin] = max(merged.get(origin, 0), progress.target)
+        self.remote_version_vector, self.profile = merged, profile
+        self.extensions, self.skipped_origins = extensions, skipped
+        self.drift = drift(merged, report.local_vector_after)
+
     def record_failure(self, error: BaseException, now: float) -> None:
         self.reachable = False
         self.last_error = str(error) or type(error).__name__

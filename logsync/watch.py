@@ -3,12 +3,15 @@
 A frame on the peer's stream means the peer holds an event we may lack, so
 the daemon pulls at once instead of waiting for the next anti-entropy round.
 This works against MemPalace hubs too: their stream has the same frames.
-Only the fact that something arrived matters here; the pull itself goes
-through the engine, so a lost or forged frame costs at most one extra round.
+Each frame's event names its (origin_replica, origin_seq): that is all we take
+from it, so the daemon can pull just that origin (`engine.choose_targets`). The
+pull itself goes through the engine, which validates everything, so a lost or
+forged frame costs at most one extra request.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import ssl
@@ -22,22 +25,24 @@ from logsync import __version__
 log = logging.getLogger("logsync.watch")
 
 READ_TIMEOUT_S = 45.0  # upstream pings every 15 s; three missed pings = dead stream
-MAX_LINE = 8 * 1024 * 1024
+
+
+Change = Callable[[str | None, int | None], None]
 
 
 async def watch_stream(
     url: str,
     token: str | None,
-    on_change: Callable[[], None],
+    on_change: Change,
     *,
     rng: random.Random,
     verify: bool | ssl.SSLContext = True,
     backoff_cap: float = 30.0,
 ) -> None:
-    """Call `on_change` for every event frame; reconnect forever with backoff.
+    """Call `on_change(origin, origin_seq)` for every event frame; reconnect forever.
 
-    A (re)connect also counts as a change: frames sent while we were away
-    are gone, and the stream starts at the newest event.
+    A (re)connect is reported as `on_change(None, None)`: frames sent while we
+    were away are gone, and the stream starts at the newest event.
     """
     delay = 1.0
     headers = {"Accept": "text/event-stream", "User-Agent": f"logsync/{__version__}"}
@@ -55,14 +60,28 @@ async def watch_stream(
             delay = min(delay * 2, backoff_cap)
 
 
-async def _follow(http: httpx.AsyncClient, url: str, on_change: Callable[[], None]) -> bool:
+async def _follow(http: httpx.AsyncClient, url: str, on_change: Change) -> bool:
     """Read one connection's frames; True if it was accepted (resets the backoff)."""
     async with http.stream("GET", url) as response:
         if response.status_code != 200:
             log.info("stream %s answered %s; retrying later", url, response.status_code)
             return False
-        on_change()
+        on_change(None, None)
         async for line in response.aiter_lines():
             if line.startswith("data:"):
-                on_change()
+                on_change(*frame_position(line[5:]))
     return True
+
+
+def frame_position(data: str) -> tuple[str | None, int | None]:
+    """(origin_replica, origin_seq) of a frame's event; (None, None) if it has none."""
+    try:
+        event = json.loads(data)
+    except ValueError:
+        return None, None
+    if not isinstance(event, dict):
+        return None, None
+    origin, seq = event.get("origin_replica"), event.get("origin_seq")
+    if isinstance(origin, str) and isinstance(seq, int) and not isinstance(seq, bool):
+        return origin, seq
+    return None, None

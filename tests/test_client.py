@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 
 from logsync.client import PeerClient, parse_retry_after, sync_once
-from logsync.engine import Request, RoundReport
+from logsync.engine import Extensions, Request, RoundReport
 from logsync.errors import (
     ConfigError,
     PeerAuthError,
@@ -433,3 +433,24 @@ def test_round_against_a_real_logsync_server(live_server, tmp_path):
             sync_once(puller, url, "wrong")
         upstream = sync_once(puller, url, "secret", use_extensions=False)
         assert upstream.applied == 0 and upstream.extensions == []
+
+
+def test_a_targeted_round_pulls_the_named_origins_without_the_vector(pair, tmp_path):
+    source, target = pair
+    fill(source, 700)
+    other = Store.open(tmp_path / "other")
+    other.append_event("task.ask", "s", "r", "bob")
+    source.apply_remote(other.list_ops(other.replica_id))
+    other.close()
+    peer = StorePeer(source)
+    tops = source.version_vector()
+
+    async def go() -> RoundReport:
+        async with PeerClient(URL, "secret", transport=httpx.MockTransport(peer)) as client:
+            return await client.run_targeted(target, tops, Extensions())
+
+    report = anyio.run(go)
+    assert report.applied == 701 and report.artifacts == 1
+    assert not [c for c in peer.calls if c.url.path == "/sync/version_vector"]
+    assert target.version_vector() == source.version_vector()
+    assert report.local_vector_after == target.version_vector()

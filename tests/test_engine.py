@@ -805,3 +805,58 @@ def test_corrupt_peer_state_is_one_clear_error(tmp_path):
     (tmp_path / PEER_STATE_FILENAME).write_text('{"peers": {"x": {"url": 1}}}')
     with pytest.raises(ConfigError, match="not an object with a name"):
         PeerBook.load(tmp_path)
+
+
+# ── targeted rounds (after change notifications) ──────────────────────
+
+
+def test_choose_targets_falls_back_to_a_full_round_until_the_peer_is_known():
+    notified = {"rep_" + "a" * 32: 5}
+    assert engine.choose_targets(notified, {}, "rep_" + "f" * 32, {}, extensions_known=False,
+                                 since_full=1.0, interval=15.0) is None
+    assert engine.choose_targets(notified, {}, "rep_" + "f" * 32, {}, extensions_known=True,
+                                 since_full=30.0, interval=15.0) is None
+
+
+def test_choose_targets_keeps_only_origins_we_lack_and_nobody_is_pulling():
+    a, b, c, own = ("rep_" + x * 32 for x in "abcf")
+    notified = {a: 5, b: 3, c: 9, own: 7}
+    chosen = engine.choose_targets(notified, {a: 5, b: 1}, own, {c: 9}, extensions_known=True,
+                                   since_full=1.0, interval=15.0)
+    assert chosen == {b: 3}
+    assert engine.choose_targets({c: 10}, {}, own, {c: 9}, extensions_known=True,
+                                 since_full=1.0, interval=15.0) == {c: 10}
+
+
+def test_targeted_origin_pulls_one_origin_without_the_vector(stores):
+    a, b, c = stores["a"], stores["b"], stores["c"]
+    append(a, 3)
+    append(c, 2)
+    pull(b, FakePeer(c))
+    peer = FakePeer(a)
+    report = RoundReport(peer="a")
+    gen = engine.targeted_origin(b, "a", a.replica_id, 3, engine.Extensions(), report)
+    progress = drive(gen, peer)
+    assert [r.path for r in peer.log] == ["/sync/ops"]
+    assert (progress.applied, progress.reached, progress.stop_reason) == (3, 3, "caught up")
+    assert b.version_vector()[a.replica_id] == 3
+    again = FakePeer(a)
+    done = drive(engine.targeted_origin(b, "a", a.replica_id, 3, engine.Extensions(),
+                                        RoundReport(peer="a")), again)
+    assert done.stop_reason == "caught up" and again.log == []
+
+
+def test_a_targeted_round_keeps_the_peers_last_vector_and_raises_what_it_reached():
+    a, b = "rep_" + "a" * 32, "rep_" + "b" * 32
+    state = PeerState(name="p", url="http://p")
+    full = RoundReport(peer="p", peer_replica=a, remote_vector={a: 5, b: 3},
+                       extensions=["msgpack"], local_vector_after={a: 5, b: 3})
+    state.record_success(full, 100.0)
+    targeted = RoundReport(peer="p", local_vector_after={a: 8, b: 3})
+    targeted.origins[a] = engine.OriginProgress(origin=a, start=5, target=8, reached=8,
+                                                applied=3)
+    state.record_targeted(targeted, 101.0)
+    assert state.remote_version_vector == {a: 8, b: 3}
+    assert state.extensions == ["msgpack"] and state.replica_id == a
+    assert state.last_pulled_events == 3 and state.total_pulled_events == 3
+    assert state.drift == {} and state.last_success_at == 101.0
