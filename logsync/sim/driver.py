@@ -144,13 +144,16 @@ class Driver:
         now_us = self.sim.clock.now_us
         report = engine.RoundReport(peer=link.name)
         notified, link.notified = link.notified, False
-        overdue = now_us - link.last_full_us >= 2 * to_us(self.spec.interval)
-        if self.spec.mode == "targeted" and link.extensions is not None and notified \
-                and not overdue:
-            wanted = sorted(
-                (o, t) for o, t in link.tops.items()
-                if o != node.replica_id and t > node.vv.get(o, 0) and t > node.inflight.get(o, 0)
+        targets = None
+        if self.spec.mode == "targeted" and notified:
+            # The daemon's own decision (engine.choose_targets), on the sim's bookkeeping.
+            targets = engine.choose_targets(
+                link.tops, node.vv, node.replica_id, node.inflight,
+                extensions_known=link.extensions is not None,
+                since_full=to_s(now_us - link.last_full_us), interval=self.spec.interval,
             )
+        if targets is not None:
+            wanted = sorted(targets.items())
             link.schedule.begin(self.sim.clock.now)
             if not wanted:
                 self._arm_after(node, link, link.schedule.succeeded(self.sim.clock.now))
@@ -176,15 +179,12 @@ class Driver:
 
     def _origin_flow(self, node: SimNode, link: PeerLink, run: Run, origin: str,
                      top: int) -> Flow:
-        start = node.vv.get(origin, 0)
         node.inflight[origin] = top
-        progress = engine.OriginProgress(origin=origin, start=start, target=top, reached=start)
-        run.report.origins[origin] = progress
-        ext = link.extensions or engine.Extensions()
-        limit = ext.max_page_limit if self.spec.page_limit is None \
-            else min(self.spec.page_limit, ext.max_page_limit)
-        gen = engine.pull_origin(node.view.pulling_from(link.name), link.name, progress, ext,
-                                 limit, True, run.report)
+        gen = engine.targeted_origin(  # the daemon's targeted pull, as client.run_targeted runs it
+            node.view.pulling_from(link.name), link.name, origin, top,
+            link.extensions or engine.Extensions(), run.report,
+            page_limit=self.spec.page_limit, batch_artifacts=True,
+        )
         return Flow(gen, origin=origin)
 
     def _advance(self, run: Run, flow: Flow, value: Any = None,
