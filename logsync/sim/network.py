@@ -5,6 +5,11 @@ duplicated or delayed out of order, and how long each copy takes; each delivery
 re-checks the cuts (a partition also eats what was in flight). Every decision is
 a trace line, so a failing run can be replayed and read from its seed.
 
+Change notifications model SSE frames on a TCP stream: random loss, duplication
+and reordering do not apply to them (TCP hides those as delay), but a cut or a
+down subscriber drops them; when a cut heals, the runner has every node resend
+its vector to its subscribers, as a reconnecting stream resumes from its cursor.
+
 Cuts are predicates over (source, destination): a partition cuts both ways
 between groups, a one-way cut only from `src` to `dst` (a request gets through
 and its answer does not, or the reverse), an isolated node is cut from all,
@@ -151,6 +156,8 @@ class Network:
                 self.trace.log("net", f"drop {msg.src}->{msg.dst} {msg.label()} cut={cut.label}")
                 return
         spec = self.spec(msg.src, msg.dst) if self.overrides else self.base
+        if msg.kind == "notify" and (spec.loss or spec.duplicate or spec.reorder):
+            spec = LinkSpec(spec.latency)  # a frame on a TCP stream: late, never lost
         lat = spec.latency
         if lat.dist == "fixed" and not (spec.loss or spec.duplicate or spec.reorder):
             delay = self._fixed_us(lat.a) + extra_delay_us

@@ -346,6 +346,14 @@ class Simulation:
         if cut in self.net.cuts:
             self.net.remove_cut(cut)
             self.trace.fault(f"heal {cut.label}")
+            self._resume_streams()
+
+    def _resume_streams(self) -> None:
+        """Streams reconnect after a cut and resume from their cursor: every subscriber
+        hears every op its publisher holds that it may have missed."""
+        for node in self.nodes.values():
+            if node.up and node.vv:
+                self.notify_change(node, tuple(sorted(node.vv.items())))
 
     def _start_partition(self, fault: Fault, until: float) -> None:
         group = {n: i for i, g in enumerate(fault.groups) for n in g}
@@ -378,6 +386,8 @@ class Simulation:
 
     def _flip(self, cut: Cut, half: float, until: float) -> None:
         cut.active = not cut.active
+        if not cut.active:
+            self._resume_streams()
         self._toggle(cut, half, until)
 
     def _start_crash(self, fault: Fault, until: float) -> None:
@@ -461,6 +471,7 @@ class Simulation:
         for node in self.nodes.values():
             if not node.up:
                 self._restart(node)
+        self._resume_streams()
         if self.faults:
             self._checkpoint("end of the safety phase")
         self._check_converged()
