@@ -10,14 +10,13 @@ reads the same file, so one palace can be served by either program.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from logsync.errors import ConfigError, NotFoundError, ValidationError
+from logsync.files import write_atomic
 
 PEERS_FILENAME = "peers.json"
 
@@ -107,18 +106,7 @@ def save_peers(palace: Path, peers: list[Peer]) -> Path:
     """Atomic, 0600: the file holds bearer tokens."""
     path = peers_path(palace)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = json.dumps({"peers": [p.to_json() for p in peers]}, indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".peers.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps({"peers": [p.to_json() for p in peers]}, indent=2) + "\n")
     return path
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -40,6 +39,7 @@ from logsync.errors import (
     PeerRequestError,
     PeerTransientError,
 )
+from logsync.files import write_atomic
 
 PEER_STATE_FILENAME = "peer_state.json"
 FORMAT_VERSION = 1
@@ -245,16 +245,7 @@ class PeerBook:
         path = directory / PEER_STATE_FILENAME
         payload = json.dumps(self.to_json(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".peer_state.", suffix=".tmp", dir=directory)
+            write_atomic(path, payload)
         except OSError as exc:
-            raise ConfigError(f"cannot write {path}: {exc.strerror}") from None
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except OSError as exc:
-            Path(tmp).unlink(missing_ok=True)
             raise ConfigError(f"cannot write {path}: {exc.strerror}") from None
         return path

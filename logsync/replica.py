@@ -9,14 +9,13 @@ op-log provenance.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from logsync.errors import ReplicaIdentityError
+from logsync.files import write_exclusive
 
 REPLICA_FILENAME = "replica.json"
 REPLICA_ID_RE = re.compile(r"^rep_(?:[0-9a-f]{12}|[0-9a-f]{32})$")
@@ -65,20 +64,9 @@ def get_replica_id(palace: Path, mint: Callable[[], str] = mint_replica_id) -> s
     if not is_replica_id(replica_id):
         raise ReplicaIdentityError(f"minted replica id {replica_id!r} is malformed")
     palace.mkdir(parents=True, exist_ok=True)
-    path = palace / REPLICA_FILENAME
-    fd, tmp = tempfile.mkstemp(dir=palace, prefix=f".{REPLICA_FILENAME}.", suffix=".tmp")
-    payload = json.dumps({"replica_id": replica_id}, indent=2) + "\n"
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        # link() fails if another writer minted first: the first one wins, atomically.
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(tmp)
+    # First writer wins, atomically: two processes minting at once agree on one id.
+    write_exclusive(palace / REPLICA_FILENAME, json.dumps({"replica_id": replica_id}, indent=2)
+                    + "\n")
     winner = read_replica_id(palace)
     assert winner is not None
     return winner

@@ -1,0 +1,47 @@
+"""Small files in the palace directory, written so a crash never leaves half of one."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: Path, text: str, *, mode: int = 0o600) -> None:
+    """Temp file in the same directory, fsync, rename: readers see the old file or the new.
+
+    Mode 0600 by default: these files hold tokens (peers.json) or fleet state.
+    Raises OSError; callers turn it into their own error type.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_exclusive(path: Path, text: str, *, mode: int = 0o644) -> bool:
+    """Create `path` with this content only if it does not exist yet (first writer wins).
+
+    The content is complete before the name appears (link of a synced temp file),
+    so a concurrent reader never sees a partial file. Returns False if it existed.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,69 @@
+"""peers.json: the upstream format, managed by `logsync peers …`."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from logsync import peers
+from logsync.cli import cli
+from logsync.errors import ConfigError, NotFoundError, ValidationError
+
+
+def test_add_replace_remove_in_the_upstream_format(tmp_path: Path) -> None:
+    peers.add_peer(tmp_path, "laptop", "http://127.0.0.1:8801/", "t1")
+    peers.add_peer(tmp_path, "hub", "https://hub.example:8080", None)
+    peers.add_peer(tmp_path, "laptop", "http://127.0.0.1:8802", "t2")  # replaces by name
+    data = json.loads((tmp_path / "peers.json").read_text())
+    assert data == {"peers": [
+        {"name": "hub", "url": "https://hub.example:8080"},
+        {"name": "laptop", "url": "http://127.0.0.1:8802", "token": "t2"},
+    ]}
+    assert stat.S_IMODE((tmp_path / "peers.json").stat().st_mode) == 0o600
+    assert peers.remove_peer(tmp_path, "hub").url == "https://hub.example:8080"
+    assert [p.key for p in peers.load_peers(tmp_path)] == ["laptop"]
+    with pytest.raises(NotFoundError, match="no peer named 'hub'"):
+        peers.remove_peer(tmp_path, "hub")
+
+
+def test_only_url_is_required_and_a_nameless_peer_is_known_by_its_url(tmp_path: Path) -> None:
+    (tmp_path / "peers.json").write_text('{"peers": [{"url": "http://10.0.0.2:9000"}]}')
+    (peer,) = peers.load_peers(tmp_path)
+    assert (peer.key, peer.token) == ("http://10.0.0.2:9000", None)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{", "is not valid JSON"),
+    ('{"peers": {}}', "must be an object with a 'peers' list"),
+    ('{"peers": [{"name": "x"}]}', "peers[0]: peer url=None is invalid"),
+    ('{"peers": [{"url": "ftp://x"}]}', "must be an http:// or https:// URL"),
+    ('{"peers": [{"url": "http://x", "token": 5}]}', "peers[0].token must be a string"),
+])
+def test_a_malformed_file_is_one_clear_error(tmp_path: Path, text: str, problem: str) -> None:
+    (tmp_path / "peers.json").write_text(text)
+    with pytest.raises(ConfigError, match=problem.replace("[", r"\[").replace("]", r"\]")):
+        peers.load_peers(tmp_path)
+
+
+def test_bad_names_and_urls_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="peer url='localhost:80' is invalid"):
+        peers.add_peer(tmp_path, "x", "localhost:80", None)
+    with pytest.raises(ValidationError, match="peer name='a\\\\nb' is invalid"):
+        peers.add_peer(tmp_path, "a\nb", "http://x", None)
+    assert not (tmp_path / "peers.json").exists()
+
+
+def test_the_cli_never_prints_tokens(tmp_path: Path) -> None:
+    runner = CliRunner()
+    base = ["--palace", str(tmp_path)]
+    added = runner.invoke(cli, [*base, "peers", "add", "a", "http://127.0.0.1:9", "--token",
+                                "s3cret", "--json"])
+    assert added.exit_code == 0 and "s3cret" not in added.output
+    listed = runner.invoke(cli, [*base, "peers", "list", "--json"])
+    assert json.loads(listed.output) == {
+        "peers": [{"name": "a", "url": "http://127.0.0.1:9", "token_set": True}]}
+    assert "s3cret" not in runner.invoke(cli, [*base, "status"]).output
