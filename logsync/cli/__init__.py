@@ -64,5 +64,5 @@ def _one_line(message: str, as_json: bool) -> None:
 from logsync.cli import (  # noqa: E402
     local,  # noqa: F401
     replication,  # noqa: F401
+    sim,  # noqa: F401
 )
-from logsync.cli import sim  # noqa: E402,F401
