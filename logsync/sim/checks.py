@@ -110,7 +110,10 @@ class FleetVerdict:
 
 
 def check_fleet(snaps: list[Snapshot], report: Report) -> FleetVerdict:
-    """Identical vectors, events and artifacts everywhere, or divergence that is recorded."""
+    """Identical vectors, events and artifacts everywhere, or divergence that is recorded.
+
+    An artifact may be missing from some replicas only when every op naming it sits in
+    a recorded divergent slot (the op itself never reached them)."""
     first = snaps[0]
     recorded_keys, recorded_ids = _recorded(snaps)
     divergent: set[tuple[str, int]] = set()
@@ -121,14 +124,12 @@ def check_fleet(snaps: list[Snapshot], report: Report) -> FleetVerdict:
         for key in set(snap.by_key) | set(first.by_key):
             if snap.by_key.get(key) != first.by_key.get(key):
                 divergent.add(key)
-        for art in sorted(set(snap.artifacts) | set(first.artifacts)):
-            if snap.artifacts.get(art) != first.artifacts.get(art) and art not in recorded_ids:
-                report(5, f"artifact {art} differs between {first.node} and {snap.node} and "
-                          "no conflict was recorded")
-    silent = 0
+    silent, excused = 0, set(recorded_ids)
     for origin, seq in sorted(divergent):
-        names = {str(s.by_key[(origin, seq)]["id"]) for s in snaps if (origin, seq) in s.by_key}
+        held = [s.by_key[(origin, seq)] for s in snaps if (origin, seq) in s.by_key]
+        names = {str(event["id"]) for event in held}
         if (origin, seq) in recorded_keys or names & recorded_ids:
+            excused.update(a for event in held for a in event.get("artifact_ids") or [])
             continue
         silent += 1
         if silent <= 5:
@@ -137,6 +138,18 @@ def check_fleet(snaps: list[Snapshot], report: Report) -> FleetVerdict:
                       f"(held by {', '.join(holders)}) and no replica recorded a conflict")
     if silent > 5:
         report(5, f"... and {silent - 5} more silently divergent (origin, seq) slots")
+    for snap in snaps[1:]:
+        for art in sorted(set(snap.artifacts) | set(first.artifacts)):
+            mine, theirs = first.artifacts.get(art), snap.artifacts.get(art)
+            if mine == theirs or art in excused:
+                continue
+            if mine is None or theirs is None:
+                has, lacks = (snap, first) if mine is None else (first, snap)
+                report(5, f"artifact {art} is held by {has.node} but not by {lacks.node}, and "
+                          "no recorded conflict explains it")
+            else:
+                report(5, f"artifact {art} differs between {first.node} and {snap.node} and "
+                          "no conflict was recorded")
     return FleetVerdict(not divergent, len(divergent), len(divergent) - silent, silent)
 
 

@@ -11,14 +11,18 @@ This is the simulated twin of `client.py` plus the pull loops of the daemon:
   as the client retries (`attempts`, exponential wait with jitter); when the
   attempts are spent, or on an error status, the `PeerError` the client would
   raise is `throw()`-n in.
-- In `targeted` mode a notification names (origin, origin_seq) pairs, as the
-  events in an SSE frame do. A round started by a notification skips the
-  vector and runs `engine.pull_origin` for just the notified origins, side by
-  side (bounded by `origins_in_flight`), and no origin is pulled from two peers
-  at once; a round started by the timer (or a notified one when the last full
-  round is two intervals old) is the full anti-entropy `pull_round`. When an
-  origin is still behind after a round, the peer that advertised the most of
-  it is nudged.
+- `targeted` mode is the daemon's loop (`daemon.py`): every stream frame names
+  an (origin, origin_seq) and wakes the schedule; a round begins by asking
+  `engine.choose_targets` (the frames since the last round, the local vector,
+  the origins in flight from other peers, whether a full round is owed, the
+  time since the last one). None means the full `pull_round`; otherwise one
+  `engine.targeted_origin` per chosen origin, side by side (at most
+  `origins_in_flight`, as `client.run_targeted`), claimed in the node's
+  in-flight map for the round so no origin is pulled from two peers at once.
+  A failed round, or a stream that reconnects after a cut or a restart of the
+  peer, makes the next round full.
+- `round` mode is the daemon before targeted rounds: every trigger runs the
+  full `pull_round`.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Run:
     kind: str
     report: engine.RoundReport
     started_us: int
+    claimed: dict[str, int] = field(default_factory=dict)
     flows: list[Flow] = field(default_factory=list)
     queued: list[Flow] = field(default_factory=list)
     over: bool = False
@@ -119,22 +124,26 @@ class Driver:
     # ── notifications ─────────────────────────────────────────────────
 
     def on_notify(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...]) -> None:
+        """A frame from `peer`'s stream: note what it names and wake the schedule."""
         link = node.peers.get(peer)
         if link is None:
             return
         for origin, top in tops:
-            if top > link.tops.get(origin, 0):
-                link.tops[origin] = top
-        wanted = node.missing_from(tops)
-        if self.spec.mode == "targeted":
-            wanted = [(o, t) for o, t in wanted if t > node.inflight.get(o, 0)]
-        if not wanted:
-            return
-        link.notified = True
+            if top > link.notified.get(origin, 0):
+                link.notified[origin] = top
+        self._wake(node, link)
+
+    def reconnected(self, node: SimNode, peer: str) -> None:
+        """The stream from `peer` came back (a cut healed, the peer restarted): frames may
+        have been missed, so the next round is full."""
+        link = node.peers.get(peer)
+        if link is not None:
+            link.wants_full = True
+            self._wake(node, link)
+
+    def _wake(self, node: SimNode, link: PeerLink) -> None:
         before = link.schedule.next_due
         due = link.schedule.notified(self.sim.clock.now)
-        self.sim.trace.log("sync", f"{node.name} notify from {peer}: {len(wanted)} origin(s) "
-                           f"behind, due={'running' if due is None else f'{due:.6f}'}")
         if due is not None and due != before:
             self._arm(node, link)
 
@@ -143,31 +152,34 @@ class Driver:
     def _start_run(self, node: SimNode, link: PeerLink) -> None:
         now_us = self.sim.clock.now_us
         report = engine.RoundReport(peer=link.name)
-        notified, link.notified = link.notified, False
+        link.schedule.begin(self.sim.clock.now)
         targets = None
-        if self.spec.mode == "targeted" and notified:
-            # The daemon's own decision (engine.choose_targets), on the sim's bookkeeping.
-            targets = engine.choose_targets(
-                link.tops, node.vv, node.replica_id, node.inflight,
-                extensions_known=link.extensions is not None,
-                since_full=to_s(now_us - link.last_full_us), interval=self.spec.interval,
+        if self.spec.mode == "targeted":
+            since = float("inf") if link.last_full_us is None \
+                else to_s(now_us - link.last_full_us)
+            targets = engine.choose_targets(  # the daemon's own decision
+                link.notified, node.vv, node.replica_id, node.inflight,
+                extensions_known=link.extensions is not None and not link.wants_full,
+                since_full=since, interval=self.spec.interval,
             )
-        if targets is not None:
-            wanted = sorted(targets.items())
-            link.schedule.begin(self.sim.clock.now)
-            if not wanted:
-                self._arm_after(node, link, link.schedule.succeeded(self.sim.clock.now))
-                return
-            run = Run(node, link, "targeted", report, now_us)
-            flows = [self._origin_flow(node, link, run, origin, top) for origin, top in wanted]
-            limit = self.spec.origins_in_flight
-            run.flows, run.queued = flows[:limit], flows[limit:]
-        else:
-            link.schedule.begin(self.sim.clock.now)
+        link.notified = {}
+        if targets is None:
+            link.wants_full = False
+            link.last_full_us = now_us
             run = Run(node, link, "full", report, now_us)
             run.flows = [Flow(engine.pull_round(
                 node.view.pulling_from(link.name), link.name, page_limit=self.spec.page_limit,
                 use_extensions=self.spec.extensions, batch_artifacts=True, report=report))]
+        elif not targets:
+            link.schedule.succeeded(self.sim.clock.now)
+            self._arm(node, link)
+            return
+        else:
+            run = Run(node, link, "targeted", report, now_us, claimed=dict(targets))
+            node.inflight.update(targets)
+            flows = [self._origin_flow(node, link, run, o, t) for o, t in sorted(targets.items())]
+            limit = self.spec.origins_in_flight
+            run.flows, run.queued = flows[:limit], flows[limit:]
         link.run = run
         self.sim.metrics.rounds += 1
         self.sim.trace.log("sync", f"{node.name} round#{self.sim.metrics.rounds} {run.kind} "
@@ -179,7 +191,6 @@ class Driver:
 
     def _origin_flow(self, node: SimNode, link: PeerLink, run: Run, origin: str,
                      top: int) -> Flow:
-        node.inflight[origin] = top
         gen = engine.targeted_origin(  # the daemon's targeted pull, as client.run_targeted runs it
             node.view.pulling_from(link.name), link.name, origin, top,
             link.extensions or engine.Extensions(), run.report,
@@ -248,9 +259,6 @@ class Driver:
         self.sim.metrics.bytes += msg.size
         if msg.status == 200:
             flow.answers[slot] = msg.answer
-            if request.path == "/sync/version_vector" and isinstance(msg.answer, dict):
-                run.link.extensions = engine.parse_extensions(msg.answer) \
-                    if self.spec.extensions else engine.Extensions()
         elif msg.status == 404 and request.missing_ok:
             flow.answers[slot] = None
         else:
@@ -300,7 +308,6 @@ class Driver:
 
     def _flow_done(self, run: Run, flow: Flow) -> None:
         run.flows.remove(flow)
-        self._release(run.node, flow)
         if run.queued:
             nxt = run.queued.pop(0)
             run.flows.append(nxt)
@@ -324,25 +331,21 @@ class Driver:
         took = to_s(self.sim.clock.now_us - run.started_us)
         if error is None:
             if run.kind == "full":
-                link.last_full_us = self.sim.clock.now_us
+                link.extensions = run.report.negotiated if self.spec.extensions \
+                    else engine.Extensions()
             due = link.schedule.succeeded(now)
             self.sim.trace.log("sync", f"{node.name} round {run.kind} <- {link.name} ok "
                                f"applied={run.report.applied} requests={run.report.requests} "
                                f"took={took:.6f} next={due:.6f}")
         else:
             self.sim.metrics.rounds_failed += 1
+            link.wants_full = True
             due = link.schedule.failed(now)
             self.sim.trace.log("sync", f"{node.name} round {run.kind} <- {link.name} failed "
                                f"({type(error).__name__}: {error}) next={due:.6f}")
         self._arm(node, link)
         self.sim.metrics.conflicts_seen += run.report.conflicts
         self.sim.metrics.quarantined_seen += run.report.quarantined
-        short = any(p.reached < p.target for p in run.report.origins.values())
-        if self.spec.mode == "targeted" and node.up and (error is not None or short):
-            self._nudge(node)
-
-    def _arm_after(self, node: SimNode, link: PeerLink, _due: float) -> None:
-        self._arm(node, link)
 
     def _close_flows(self, run: Run) -> None:
         for flow in run.flows + run.queued:
@@ -351,31 +354,14 @@ class Driver:
             flow.waiting.clear()
             flow.open_slots.clear()
             flow.gen.close()
-            self._release(run.node, flow)
         run.flows, run.queued = [], []
-
-    def _release(self, node: SimNode, flow: Flow) -> None:
-        if flow.origin is not None and flow.origin in node.inflight:
-            del node.inflight[flow.origin]
+        for origin, top in run.claimed.items():  # as the daemon releases its claims
+            if run.node.inflight.get(origin) == top:
+                del run.node.inflight[origin]
+        run.claimed = {}
 
     def _abandon(self, run: Run) -> None:
         """The node died: its rounds stop where they are, nothing reported."""
         run.over = True
         self._close_flows(run)
         run.link.run = None
-
-    def _nudge(self, node: SimNode) -> None:
-        """An origin still behind after a round: ask the peer that promised most of it."""
-        best: dict[str, tuple[int, str]] = {}
-        for name, link in node.peers.items():
-            for origin, top in link.tops.items():
-                if top > node.vv.get(origin, 0) and top > node.inflight.get(origin, 0) \
-                        and origin != node.replica_id and top > best.get(origin, (0, ""))[0]:
-                    best[origin] = (top, name)
-        for name in sorted({peer for _, peer in best.values()}):
-            link = node.peers[name]
-            if link.run is None:
-                before = link.schedule.next_due
-                due = link.schedule.notified(self.sim.clock.now)
-                if due is not None and due != before:
-                    self._arm(node, link)

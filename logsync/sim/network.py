@@ -7,8 +7,8 @@ a trace line, so a failing run can be replayed and read from its seed.
 
 Change notifications model SSE frames on a TCP stream: random loss, duplication
 and reordering do not apply to them (TCP hides those as delay), but a cut or a
-down subscriber drops them; when a cut heals, the runner has every node resend
-its vector to its subscribers, as a reconnecting stream resumes from its cursor.
+down subscriber drops them; when a cut heals or a publisher restarts, the
+subscriber's stream reconnects and, as the daemon does, owes a full round.
 
 Cuts are predicates over (source, destination): a partition cuts both ways
 between groups, a one-way cut only from `src` to `dst` (a request gets through

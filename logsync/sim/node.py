@@ -70,7 +70,7 @@ class StoreView:
         return self._node.replica_id
 
     def version_vector(self) -> dict[str, int]:
-        return self._node.store_or_fail().version_vector()
+        return self._node.stored_vector()
 
     def missing_artifacts(self, ids: Iterable[str]) -> list[str]:
         return self._node.store_or_fail().missing_artifacts(ids)
@@ -83,23 +83,28 @@ class StoreView:
             node.sim.trace.fault(f"crash {node.name} inside an apply transaction "
                                  f"({len(events)} ops, {len(artifacts)} artifacts)")
             store.apply_remote(events, _crash_after(artifacts))  # type: ignore[arg-type]
-        result = store.apply_remote(events, artifacts)
+        try:
+            result = store.apply_remote(events, artifacts)
+        finally:
+            node.store_changed()
         node.after_apply(events, artifacts, result, self.source)
         return result
 
 
 @dataclass
 class PeerLink:
-    """What this node's daemon keeps for one peer it pulls from."""
+    """What this node's daemon keeps for one peer it pulls from (the daemon's `_PeerTask`):
+    the (origin, top) pairs its stream named since the last round began, whether the next
+    round must be full (never done, a failure, a reconnected stream), its extensions."""
 
     name: str
     schedule: engine.PullSchedule
     timer: int = 0
     run: Run | None = None
-    tops: dict[str, int] = field(default_factory=dict)
+    notified: dict[str, int] = field(default_factory=dict)
+    wants_full: bool = True
     extensions: engine.Extensions | None = None
-    last_full_us: int = 0
-    notified: bool = False
+    last_full_us: int | None = None
 
 
 class SimNode:
@@ -113,6 +118,7 @@ class SimNode:
         self.logsync = logsync
         self.agents = agents
         self.store: Store | None = None
+        self._vector: dict[str, int] | None = None
         self.view = StoreView(self)
         self.up = False
         self.incarnation = 0
@@ -122,7 +128,7 @@ class SimNode:
         self.vv: dict[str, int] = {}
         self.hlcs: list[str] = []
         self.inbox: dict[str, list[Ask]] = {}
-        self.inflight: dict[str, int] = {}
+        self.inflight: dict[str, int] = {}  # origin -> top being pulled (any peer)
         self.crash_on_apply = False
         self.serve_delay_us = 0
         self.byzantine: tuple[float, tuple[str, ...]] | None = None
@@ -141,10 +147,26 @@ class SimNode:
                                 replica_id=self.replica_id)
         self.up = True
         self.incarnation += 1
-        self.vv = self.store.version_vector()
-        self.hlcs = sorted(e["hlc"] for e in self.store.iter_events() if e["hlc"])
+        self.store_changed()
+        self.vv = self.stored_vector()
+        self.hlcs, self.inbox = [], {}
+        for event in self.store.iter_events():  # agents restart with what the store holds
+            if event["hlc"]:
+                self.hlcs.append(event["hlc"])
+            self.note_arrival(event)
+        self.hlcs.sort()
         self.inflight.clear()
         self.sim.driver.start_node(self)
+
+    def stored_vector(self) -> dict[str, int]:
+        """`store.version_vector()`, read once per change of the store: every write to a
+        node's store goes through this node, which calls `store_changed()` after it."""
+        if self._vector is None:
+            self._vector = self.store_or_fail().version_vector()
+        return dict(self._vector)
+
+    def store_changed(self) -> None:
+        self._vector = None
 
     def store_or_fail(self) -> Store:
         if self.store is None:
@@ -156,6 +178,7 @@ class SimNode:
         if not self.up:
             return
         self.sim.driver.stop_node(self)
+        self.store_changed()
         self.up = False
         self.crash_on_apply = False
         if self.store is not None:
@@ -189,6 +212,7 @@ class SimNode:
 
     def authored(self, event: dict[str, Any]) -> None:
         """Bookkeeping after a local append: check invariant 7, mirror, notify."""
+        self.store_changed()
         seq, stamp = event["origin_seq"], event["hlc"]
         ceiling = hlc_mod.drift_ceiling(self.clock.wall_ms())
         below = bisect.bisect_left(self.hlcs, ceiling)
@@ -240,7 +264,3 @@ class SimNode:
         if new_tops:
             self.sim.notify_change(self, tuple(new_tops), source)
         self.sim.maybe_replay(self)
-
-    def missing_from(self, tops: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
-        """The (origin, top) pairs that promise ops this node does not hold yet."""
-        return [(o, t) for o, t in tops if o != self.replica_id and t > self.vv.get(o, 0)]

@@ -155,8 +155,9 @@ class Simulation:
         self._mid += 1
         return self._mid
 
-    def run(self) -> SimReport:
-        started = time.perf_counter()
+    def run(self, started: float | None = None) -> SimReport:
+        """Run to the end; `started` (perf_counter) lets the caller count set-up too."""
+        started = time.perf_counter() if started is None else started
         s = self.scenario
         for node in self.nodes.values():
             node.open()
@@ -214,7 +215,7 @@ class Simulation:
 
     def _serve(self, node: SimNode, msg: Message) -> None:
         status, body = serve(node.store_or_fail(), msg.path, msg.params, logsync=node.logsync,
-                             max_page=self.scenario.sync.max_page)
+                             max_page=self.scenario.sync.max_page, vector=node.stored_vector)
         done = None
         if status == 200 and node.byzantine is not None:
             rate, kinds = node.byzantine
@@ -295,6 +296,7 @@ class Simulation:
         store = node.store_or_fail()
         before = store.counts()
         result = store.apply_remote(events, artifacts)
+        node.store_changed()
         after = store.counts()
         self.metrics.replays += 1
         self.trace.log("check", f"{node.name} replays a page of {len(events)} ops: "
@@ -316,6 +318,9 @@ class Simulation:
         expected = self._expect_at_restart.pop(node.name, None)
         node.open()
         self.trace.log("node", f"{node.name} up (incarnation {node.incarnation})")
+        for other in self.nodes.values():
+            if other.up and node.name in other.pulls_from:
+                self.driver.reconnected(other, node.name)
         if expected is not None and node.vv != expected:
             self.violation(8, f"{node.name} restarted with vector {node.vv} but had committed "
                               f"{expected} before the crash")
@@ -346,14 +351,16 @@ class Simulation:
         if cut in self.net.cuts:
             self.net.remove_cut(cut)
             self.trace.fault(f"heal {cut.label}")
-            self._resume_streams()
+            self._reconnect([cut])
 
-    def _resume_streams(self) -> None:
-        """Streams reconnect after a cut and resume from their cursor: every subscriber
-        hears every op its publisher holds that it may have missed."""
+    def _reconnect(self, cuts: list[Cut]) -> None:
+        """Streams broken by these cuts reconnect (the daemon then owes a full round)."""
         for node in self.nodes.values():
-            if node.up and node.vv:
-                self.notify_change(node, tuple(sorted(node.vv.items())))
+            if not node.up:
+                continue
+            for peer in node.pulls_from:
+                if any(c.test(peer, node.name) or c.test(node.name, peer) for c in cuts):
+                    self.driver.reconnected(node, peer)
 
     def _start_partition(self, fault: Fault, until: float) -> None:
         group = {n: i for i, g in enumerate(fault.groups) for n in g}
@@ -387,7 +394,7 @@ class Simulation:
     def _flip(self, cut: Cut, half: float, until: float) -> None:
         cut.active = not cut.active
         if not cut.active:
-            self._resume_streams()
+            self._reconnect([cut])
         self._toggle(cut, half, until)
 
     def _start_crash(self, fault: Fault, until: float) -> None:
@@ -463,6 +470,7 @@ class Simulation:
         self.phase = "liveness"
         self.heal_us = self.clock.now_us
         self.trace.fault("heal everything: liveness phase begins")
+        cuts = list(self.net.cuts)
         self.net.heal_all()
         for node in self.nodes.values():
             node.serve_delay_us = 0
@@ -471,7 +479,7 @@ class Simulation:
         for node in self.nodes.values():
             if not node.up:
                 self._restart(node)
-        self._resume_streams()
+        self._reconnect(cuts)
         if self.faults:
             self._checkpoint("end of the safety phase")
         self._check_converged()
@@ -564,10 +572,13 @@ def run_scenario(scenario: Scenario, *, trace_sink: TextIO | None = None,
                  workdir: Path | None = None) -> SimReport:
     """Run one seed of a scenario in a fresh temporary directory (tmpfs when there is one)."""
     base = workdir or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
+    started = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="logsync-sim-", dir=base))
     try:
         sim = Simulation(scenario, root, trace_sink)
         sim.take_backups()
-        return sim.run()
+        report = sim.run(started)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    report.wall_seconds = time.perf_counter() - started
+    return report

@@ -68,7 +68,7 @@ class LinkSpec:
 class SyncSpec:
     """The daemon's knobs: the engine's PullSchedule plus how notifications are used."""
 
-    mode: str = "round"
+    mode: str = "targeted"
     interval: float = 15.0
     jitter: float = 0.1
     debounce: float = 0.05

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 from logsync import engine
@@ -24,11 +25,12 @@ UPSTREAM_PAGE = engine.UPSTREAM_PAGE_LIMIT
 
 
 def serve(store: Any, path: str, params: dict[str, Any], *, logsync: bool,
-          max_page: int) -> tuple[int, Any]:
-    """(status, body) for one GET, as a logsync server (or an upstream hub) answers it."""
+          max_page: int, vector: Callable[[], dict[str, int]] | None = None) -> tuple[int, Any]:
+    """(status, body) for one GET, as a logsync server (or an upstream hub) answers it.
+    `vector` reads the store's version vector (default `store.version_vector`)."""
     if path == "/sync/version_vector":
         body: dict[str, Any] = {"replica_id": store.replica_id,
-                                "version_vector": store.version_vector()}
+                                "version_vector": (vector or store.version_vector)()}
         if logsync:
             body[engine.ADVERTISEMENT_KEY] = {
                 "version": 1,
