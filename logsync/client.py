@@ -163,10 +163,11 @@ class PeerClient:
         report.extensions = ext.names()
         limiter = anyio.CapacityLimiter(max(1, origins_in_flight))
         failures: list[LogsyncError] = []
+        local = await anyio.to_thread.run_sync(store.version_vector)
 
         async def one(origin: str, top: int) -> None:
             gen = targeted_origin(store, self.name, origin, top, ext, report,
-                                  batch_artifacts=True)
+                                  batch_artifacts=True, held=local.get(origin, 0))
             async with limiter, anyio.create_task_group() as prefetches:
                 try:
                     await self._drive(gen, report, _Prefetcher(self, prefetches, report))

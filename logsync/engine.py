@@ -362,12 +362,13 @@ def choose_targets(
 
     A notification names (origin, origin_seq) pairs -- the events in the peer's
     stream frames. Returns the origins (and how far) to pull without fetching the
-    vector first, or None for a full anti-entropy round: when we do not know the
-    peer's extensions yet (no full round so far) or the last full round is two
-    intervals old. Our own origin and origins already being pulled that far
-    (from another peer) are left out; an empty dict means nothing to do.
+    vector first, or None for a full anti-entropy round: when nothing was notified
+    (the timer is due: anti-entropy), when we do not know the peer's extensions yet
+    (no full round so far) or the last full round is two intervals old. Our own
+    origin and origins already being pulled that far (from another peer) are left
+    out; an empty dict means the notifications named nothing we lack.
     """
-    if not extensions_known or since_full >= 2 * interval:
+    if not notified or not extensions_known or since_full >= 2 * interval:
         return None
     return {
         origin: top
@@ -386,10 +387,13 @@ def targeted_origin(
     *,
     page_limit: int | None = None,
     batch_artifacts: bool = False,
+    held: int | None = None,
 ) -> Generator[Step, Any, OriginProgress]:
     """Pull one notified origin up to `top`, with no vector fetch: a targeted round
-    runs one of these per origin chosen by `choose_targets`, side by side."""
-    held = int(store.version_vector().get(origin, 0))
+    runs one of these per origin chosen by `choose_targets`, side by side. `held` is
+    our vector entry for the origin if the caller has it (saves a vector query)."""
+    if held is None:
+        held = int(store.version_vector().get(origin, 0))
     progress = OriginProgress(origin=origin, start=held, target=top, reached=held)
     report.origins[origin] = progress
     if top <= held:

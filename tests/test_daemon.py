@@ -38,12 +38,13 @@ class Daemon:
     """One `logsync serve` subprocess with its log kept for failure messages."""
 
     def __init__(self, palace: Path, port: int, token: str, interval: float = 5.0,
-                 tls: tuple[Path, Path] | None = None) -> None:
+                 tls: tuple[Path, Path] | None = None, notify: bool = True) -> None:
         self.palace, self.port, self.token = palace, port, token
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         self.verify: bool | ssl.SSLContext = (
             ssl.create_default_context(cafile=str(tls[0])) if tls else True)
         extra = ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
+        extra += [] if notify else ["--no-notify"]
         self.log = palace.parent / f"{palace.name}.log"
         palace.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log, "w")  # noqa: SIM115 - closed in close()
@@ -256,3 +257,22 @@ def test_tls_serving_and_pulling_with_a_ca_file(tmp_path: Path) -> None:
         assert "--tls-cert and --tls-key go together" in half.stderr
     finally:
         a.stop()
+
+
+def test_anti_entropy_alone_delivers_every_interval(tmp_path: Path) -> None:
+    """Without change notifications the timer's rounds are full rounds: an event
+    appended at any moment arrives within about one (jittered) interval."""
+    a = Daemon(tmp_path / "a", free_port(), "tok-a", interval=60)
+    b = Daemon(tmp_path / "b", free_port(), "tok-b", interval=2.0, notify=False)
+    try:
+        peer(b, a)
+        for i in range(4):
+            time.sleep(1.5)
+            appended = json.loads(run(a.palace, "append", "--type", "note", "--stream", "s",
+                                      "--room", "r", "--from-agent", "pi@a", "--body", str(i),
+                                      "--json").stdout)
+            wait_for(lambda e=appended: e["id"] in event_ids(b.palace), 3.0,
+                     f"anti-entropy missed event {i}", b)
+    finally:
+        a.stop()
+        b.stop()

@@ -818,6 +818,12 @@ def test_choose_targets_falls_back_to_a_full_round_until_the_peer_is_known():
                                  since_full=30.0, interval=15.0) is None
 
 
+def test_a_round_without_notifications_is_always_full_anti_entropy():
+    """The timer's round must fetch the vector, however recent the last full round."""
+    assert engine.choose_targets({}, {}, "rep_" + "f" * 32, {}, extensions_known=True,
+                                 since_full=0.5, interval=15.0) is None
+
+
 def test_choose_targets_keeps_only_origins_we_lack_and_nobody_is_pulling():
     a, b, c, own = ("rep_" + x * 32 for x in "abcf")
     notified = {a: 5, b: 3, c: 9, own: 7}

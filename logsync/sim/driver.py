@@ -194,7 +194,7 @@ class Driver:
         gen = engine.targeted_origin(  # the daemon's targeted pull, as client.run_targeted runs it
             node.view.pulling_from(link.name), link.name, origin, top,
             link.extensions or engine.Extensions(), run.report,
-            page_limit=self.spec.page_limit, batch_artifacts=True,
+            page_limit=self.spec.page_limit, batch_artifacts=True, held=node.vv.get(origin, 0),
         )
         return Flow(gen, origin=origin)
 
