@@ -161,6 +161,8 @@ class PeerClient:
         (`engine.choose_targets` picks them, `engine.targeted_origin` pulls each)."""
         report = report if report is not None else RoundReport(peer=self.name)
         report.extensions = ext.names()
+        if not ext.names():  # a MemPalace hub: few connections (see UPSTREAM_CONCURRENCY)
+            origins_in_flight = min(origins_in_flight, UPSTREAM_CONCURRENCY // 2)
         limiter = anyio.CapacityLimiter(max(1, origins_in_flight))
         failures: list[LogsyncError] = []
         local = await anyio.to_thread.run_sync(store.version_vector)

@@ -27,7 +27,13 @@ from anyio.abc import TaskGroup
 
 from logsync import peers as peers_mod
 from logsync.client import PeerClient, tls_context
-from logsync.defaults import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
+from logsync.defaults import (
+    DEFAULT_DEBOUNCE_S,
+    DEFAULT_HOST,
+    DEFAULT_INTERVAL_S,
+    DEFAULT_ORIGINS_IN_FLIGHT,
+    DEFAULT_PORT,
+)
 from logsync.engine import Extensions, PullSchedule, RoundReport, choose_targets
 from logsync.errors import ConfigError, LogsyncError, PeerError, PeerTransientError, StoreError
 from logsync.peerstate import PeerBook, PeerState
@@ -195,7 +201,8 @@ class Daemon:
 
     async def _pull_loop(self, task: _PeerTask) -> None:
         """Anti-entropy on the schedule, plus a pull right after a change notification."""
-        schedule = PullSchedule(rng=self._rng, interval=self.config.interval)
+        schedule = PullSchedule(rng=self._rng, interval=self.config.interval,
+                                debounce=DEFAULT_DEBOUNCE_S)
         schedule.start(anyio.current_time())
         peer = task.peer
         async with PeerClient(peer.url, peer.token, name=peer.key,
@@ -259,7 +266,8 @@ class Daemon:
         claimed = {o: t for o, t in targets.items() if t > self._inflight.get(o, 0)}
         self._inflight.update(claimed)  # no origin pulled from two peers at once
         try:
-            return await client.run_targeted(self.store, targets, task.extensions)
+            return await client.run_targeted(self.store, targets, task.extensions,
+                                             origins_in_flight=DEFAULT_ORIGINS_IN_FLIGHT)
         finally:
             for origin, top in claimed.items():
                 if self._inflight.get(origin) == top:

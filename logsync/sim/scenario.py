@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from logsync.defaults import DEFAULT_DEBOUNCE_S, DEFAULT_ORIGINS_IN_FLIGHT
 from logsync.errors import ConfigError
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -71,7 +72,7 @@ class SyncSpec:
     mode: str = "targeted"
     interval: float = 15.0
     jitter: float = 0.1
-    debounce: float = 0.05
+    debounce: float = DEFAULT_DEBOUNCE_S
     backoff_base: float = 1.0
     backoff_cap: float = 60.0
     notify: bool = True
@@ -82,7 +83,7 @@ class SyncSpec:
     retry_backoff: float = 0.5
     retry_max: float = 10.0
     max_page: int = 5000
-    origins_in_flight: int = 8
+    origins_in_flight: int = DEFAULT_ORIGINS_IN_FLIGHT
 
 
 @dataclass(frozen=True)
