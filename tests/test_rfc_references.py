@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RFC = ROOT / "docs" / "rfc-004.md"
 README = ROOT / "README.md"
-MIN_DISTINCT_TESTS = 200  # 238 when last revised: losing dozens at once is a mistake
+MIN_DISTINCT_TESTS = 200  # 240 when last revised: losing dozens at once is a mistake
 REFERENCE_RE = re.compile(
     r"tests/[A-Za-z0-9_/]+\.py(?:::[A-Za-z_][A-Za-z0-9_]*)+(?:\[[^\]\s`]*\])?"
 )
