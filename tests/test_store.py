@@ -672,3 +672,10 @@ def test_a_palace_path_that_is_a_file_is_a_store_error(tmp_path: Path) -> None:
     target.write_text("x")
     with pytest.raises(StoreError, match="^cannot create palace directory"):
         Store.open(target)
+
+
+def test_list_ops_refuses_an_after_beyond_sqlite_integers(store: Store) -> None:
+    """A hostile `after` must be a clear 400-style error, never an OverflowError (a 500)."""
+    with pytest.raises(ValidationError, match=r"after=\d+ is invalid: .* below 2\*\*63"):
+        store.list_ops(store.replica_id, 2**70)
+    assert store.list_ops(store.replica_id, 2**63 - 1) == []

@@ -167,6 +167,10 @@ class Store:
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         try:
             return self._reader().execute(sql, params).fetchall()
+        except OverflowError:
+            raise ValidationError(
+                "a number in the request is too large: SQLite integers stop at 2**63 - 1"
+            ) from None
         except sqlite3.OperationalError as exc:
             raise StoreError(f"cannot read {self.db_path}: {exc}") from None
 
@@ -565,9 +569,9 @@ class Store:
     ) -> list[dict[str, Any]]:
         """Ops authored by `origin` with origin_seq > after, in author order."""
         origin = model.routing("origin", origin, required=True) or ""
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             raise ValidationError(
-                f"after={shorten(after)} is invalid: must be a non-negative integer"
+                f"after={shorten(after)} is invalid: must be a non-negative integer below 2**63"
             )
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValidationError(f"limit={shorten(limit)} is invalid: must be a positive integer")
