@@ -569,10 +569,12 @@ class Store:
     ) -> list[dict[str, Any]]:
         """Ops authored by `origin` with origin_seq > after, in author order."""
         origin = model.routing("origin", origin, required=True) or ""
-        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise ValidationError(
-                f"after={shorten(after)} is invalid: must be a non-negative integer below 2**63"
+                f"after={shorten(after)} is invalid: must be a non-negative integer"
             )
+        if after >= 2**63:
+            raise ValidationError(f"after={shorten(after)} is invalid: must be below 2**63")
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValidationError(f"limit={shorten(limit)} is invalid: must be a positive integer")
         rows = self._read(
