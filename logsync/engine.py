@@ -51,6 +51,9 @@ from logsync.errors import PeerError, PeerProtocolError, ValidationError, shorte
 from logsync.replica import is_replica_id
 
 UPSTREAM_PAGE_LIMIT = 500
+# A full round fetches the first pages of this many origins side by side (memory stays
+# bounded by this many pages, not by the backlog).
+FIRST_PAGES_AT_ONCE = 4
 LARGE_PAGE_CEILING = 5000
 
 ADVERTISEMENT_KEY = "logsync"
@@ -329,7 +332,9 @@ def pull_round(
     """One anti-entropy round against `peer` (a name or URL used in messages).
 
     `page_limit` None means as large as the peer allows (500 for upstream);
-    `batch_artifacts` yields a page's artifact fetches as one `Batch`.
+    `batch_artifacts` means the driver takes `Batch` steps: a page's artifact
+    fetches go out as one, and so do the first pages of up to `FIRST_PAGES_AT_ONCE`
+    origins, so origins are fetched side by side (applied one page at a time).
     """
     report = report if report is not None else RoundReport(peer=peer)
     report.requests += 1
@@ -340,12 +345,30 @@ def pull_round(
     report.local_vector_before = dict(store.version_vector())
     limit = _effective_limit(page_limit, ext)
     ranges = missing_ranges(report.local_vector_before, remote.vector, store.replica_id)
-    for origin, after, top in ranges:
-        progress = OriginProgress(origin=origin, start=after, target=top, reached=after)
-        report.origins[origin] = progress
-        yield from pull_origin(store, peer, progress, ext, limit, batch_artifacts, report)
+    group = FIRST_PAGES_AT_ONCE if batch_artifacts else 1
+    for start in range(0, len(ranges), group):
+        chunk = [OriginProgress(origin=o, start=a, target=t, reached=a)
+                 for o, a, t in ranges[start : start + group]]
+        report.origins.update((p.origin, p) for p in chunk)
+        firsts: list[Any] = [None] * len(chunk)
+        if len(chunk) > 1:
+            report.requests += len(chunk)
+            firsts = yield Batch(tuple(_page_request(p, ext, limit) for p in chunk))
+        for progress, first in zip(chunk, firsts, strict=True):
+            yield from pull_origin(store, peer, progress, ext, limit, batch_artifacts, report,
+                                   first=first)
     report.local_vector_after = dict(store.version_vector())
     return report
+
+
+def _page_request(progress: OriginProgress, ext: Extensions, limit: int) -> Request:
+    """The `/sync/ops` request for an origin's next page (extensions only if advertised)."""
+    params: dict[str, Any] = {"origin": progress.origin, "after": progress.reached, "limit": limit}
+    asked = [EXT_LARGE_PAGES] if limit > UPSTREAM_PAGE_LIMIT else []
+    asked += [EXT_INLINE_ARTIFACTS] if ext.inline_artifacts else []
+    if asked:
+        params[EXTENSIONS_PARAM] = ",".join(asked)
+    return Request("/sync/ops", params, accept_msgpack=ext.msgpack)
 
 
 def choose_targets(
@@ -434,18 +457,17 @@ def pull_origin(
     limit: int,
     batch_artifacts: bool,
     report: RoundReport,
+    *,
+    first: Any = None,
 ) -> Generator[Step, Any, OriginProgress]:
-    """Pull one origin from `progress.reached` up to `progress.target`, page by page."""
+    """Pull one origin from `progress.reached` up to `progress.target`, page by page.
+    `first` is the answer to the first page when the caller already fetched it."""
     while not progress.stop_reason:
-        params: dict[str, Any] = {
-            "origin": progress.origin, "after": progress.reached, "limit": limit,
-        }
-        asked = [EXT_LARGE_PAGES] if limit > UPSTREAM_PAGE_LIMIT else []
-        asked += [EXT_INLINE_ARTIFACTS] if ext.inline_artifacts else []
-        if asked:
-            params[EXTENSIONS_PARAM] = ",".join(asked)
-        report.requests += 1
-        answer = yield Request("/sync/ops", params, accept_msgpack=ext.msgpack)
+        if first is not None:
+            answer, first = first, None
+        else:
+            report.requests += 1
+            answer = yield _page_request(progress, ext, limit)
         events, inline = check_page(answer, peer, progress.origin, progress.reached, limit,
                                     inline_asked=ext.inline_artifacts)
         progress.pages += 1

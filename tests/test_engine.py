@@ -866,3 +866,36 @@ def test_a_targeted_round_keeps_the_peers_last_vector_and_raises_what_it_reached
     assert state.extensions == ["msgpack"] and state.replica_id == a
     assert state.last_pulled_events == 3 and state.total_pulled_events == 3
     assert state.drift == {} and state.last_success_at == 101.0
+
+
+def test_a_full_round_fetches_first_pages_of_several_origins_side_by_side(stores, tmp_path):
+    """With a driver that takes Batch steps, the first pages of up to FIRST_PAGES_AT_ONCE
+    origins go out together right after the vector; the store still applies one page
+    (one transaction) at a time and ends identical."""
+    a, b = stores["a"], stores["b"]
+    others = [open_store(tmp_path, f"o{i}") for i in range(5)]
+    for i, other in enumerate(others):
+        append(other, i + 1)
+        a.apply_remote(other.list_ops(other.replica_id))
+        other.close()
+    steps: list[Any] = []
+    peer = FakePeer(a)
+
+    def perform(request: Request) -> Any:
+        return peer(request)
+
+    gen = pull_round(b, "a", batch_artifacts=True)
+    step = next(gen)
+    try:
+        while True:
+            steps.append(step)
+            answer = [perform(r) for r in step.requests] if isinstance(step, Batch) \
+                else perform(step)
+            step = gen.send(answer)
+    except StopIteration as stop:
+        report = stop.value
+    batches = [s for s in steps if isinstance(s, Batch)]
+    assert [len(s.requests) for s in batches] == [engine.FIRST_PAGES_AT_ONCE]  # then 1 alone
+    assert all(r.path == "/sync/ops" for s in batches for r in s.requests)
+    assert report.applied == 15 and b.version_vector() == a.version_vector()
+    assert comparable(b) == comparable(a)
