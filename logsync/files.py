@@ -13,17 +13,11 @@ def write_atomic(path: Path, text: str, *, mode: int = 0o600) -> None:
     Mode 0600 by default: these files hold tokens (peers.json) or fleet state.
     Raises OSError; callers turn it into their own error type.
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _synced_temp(path, text, mode)
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_exclusive(path: Path, text: str, *, mode: int = 0o644) -> bool:
@@ -32,16 +26,27 @@ def write_exclusive(path: Path, text: str, *, mode: int = 0o644) -> bool:
     The content is complete before the name appears (link of a synced temp file),
     so a concurrent reader never sees a partial file. Returns False if it existed.
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _synced_temp(path, text, mode)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _synced_temp(path: Path, text: str, mode: int) -> Path:
+    """A temp file beside `path` holding `text`, flushed to disk."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
