@@ -42,7 +42,7 @@ from tests.interop.hub import (  # noqa: E402
 )
 
 __all__ = [
-    "Bench", "BenchError", "HarnessError", "ServerProcess", "copy_palace", "count_rows",
+    "Bench", "BenchError", "HarnessError", "run_main", "ServerProcess", "copy_palace", "count_rows",
     "emit", "machine", "percentile", "positive_int", "positive_float", "rss_kb",
     "run_timed", "wait_for", "write_peers_json",
 ]  # fmt: skip
@@ -309,3 +309,16 @@ def emit(result: Mapping[str, Any], lines: Sequence[str], as_json: bool) -> None
         print(json.dumps(result, indent=2, sort_keys=False))
     else:
         print("\n".join(lines))
+
+
+def run_main(name: str, args: Any, measure: Callable[[Any, Bench], Mapping[str, Any]],
+             render: Callable[[Mapping[str, Any]], Sequence[str]]) -> int:
+    """The shared shape of a benchmark's main(): measure in a Bench, print, exit code."""
+    try:
+        with Bench(keep=args.keep) as bench:
+            result = measure(args, bench)
+    except (BenchError, HarnessError) as exc:
+        print(f"{name} benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    emit(result, render(result), args.json)
+    return 0

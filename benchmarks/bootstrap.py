@@ -28,16 +28,15 @@ from typing import Any
 from _harness import (
     Bench,
     BenchError,
-    HarnessError,
     ServerProcess,
     child_env,
     copy_palace,
     count_rows,
-    emit,
     logsync_env,
     machine,
     positive_float,
     positive_int,
+    run_main,
     run_timed,
 )
 from apply import pages, time_raw
@@ -240,15 +239,7 @@ def render(result: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        with Bench(keep=args.keep) as bench:
-            result = measure(args, bench)
-    except (BenchError, HarnessError) as exc:
-        print(f"bootstrap benchmark failed: {exc}", file=sys.stderr)
-        return 1
-    emit(result, render(result), args.json)
-    return 0
+    return run_main("bootstrap", parse_args(argv), measure, render)
 
 
 if __name__ == "__main__":

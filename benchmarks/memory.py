@@ -21,14 +21,13 @@ from typing import Any
 from _harness import (
     Bench,
     BenchError,
-    HarnessError,
     ServerProcess,
     count_rows,
-    emit,
     machine,
     positive_float,
     positive_int,
     rss_kb,
+    run_main,
     write_peers_json,
 )
 from workload import build_origin
@@ -149,15 +148,7 @@ def render(r: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        with Bench(keep=args.keep) as bench:
-            result = measure(args, bench)
-    except (BenchError, HarnessError) as exc:
-        print(f"memory benchmark failed: {exc}", file=sys.stderr)
-        return 1
-    emit(result, render(result), args.json)
-    return 0
+    return run_main("memory", parse_args(argv), measure, render)
 
 
 if __name__ == "__main__":

@@ -27,14 +27,13 @@ import msgpack
 from _harness import (
     Bench,
     BenchError,
-    HarnessError,
     ServerProcess,
     copy_palace,
-    emit,
     machine,
     percentile,
     positive_float,
     positive_int,
+    run_main,
 )
 from workload import build_origin
 
@@ -197,15 +196,7 @@ def render(result: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        with Bench(keep=args.keep) as bench:
-            result = measure(args, bench)
-    except (BenchError, HarnessError) as exc:
-        print(f"serving benchmark failed: {exc}", file=sys.stderr)
-        return 1
-    emit(result, render(result), args.json)
-    return 0
+    return run_main("serving", parse_args(argv), measure, render)
 
 
 if __name__ == "__main__":
