@@ -15,11 +15,17 @@ from typing import Any
 from logsync import model
 
 
-def event_dict(row: sqlite3.Row) -> dict[str, Any]:
+def stored_metadata(text: Any) -> dict[str, Any]:
+    """Metadata as stored; a row an older writer left unparseable reads as `{}`, as upstream."""
     try:
-        metadata = json.loads(row["metadata_json"])
+        value = json.loads(text)
     except (TypeError, ValueError):
-        metadata = {}
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def event_dict(row: sqlite3.Row) -> dict[str, Any]:
+    metadata = stored_metadata(row["metadata_json"])
     return {
         "id": row["id"],
         "seq": row["rowid"],
@@ -44,10 +50,7 @@ def event_dict(row: sqlite3.Row) -> dict[str, Any]:
 
 
 def artifact_dict(row: sqlite3.Row) -> dict[str, Any]:
-    try:
-        metadata = json.loads(row["metadata_json"])
-    except (TypeError, ValueError):
-        metadata = {}
+    metadata = stored_metadata(row["metadata_json"])
     return {
         "id": row["id"],
         "kind": row["kind"],
