@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from logsync.errors import ConfigError, NotFoundError, ValidationError
 from logsync.files import write_atomic
@@ -43,15 +43,69 @@ class Peer:
 
 
 def check_url(url: object) -> str:
-    """An http(s) URL with a host; the trailing slash dropped."""
+    """An http(s) URL with a host and, if given, a port 1-65535; the trailing slash dropped."""
     if not isinstance(url, str) or not url.strip():
         raise ValidationError(f"peer url={url!r} is invalid: must be an http:// or https:// URL")
-    parts = urlsplit(url.strip())
+    shown = redact_url(url.strip())
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        raise ValidationError(
+            f"peer url={shown!r} is invalid: the port must be a number from 1 to 65535"
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValidationError(
-            f"peer url={url!r} is invalid: must be an http:// or https:// URL with a host"
+            f"peer url={shown!r} is invalid: must be an http:// or https:// URL with a host"
+        )
+    if port is not None and not 1 <= port <= 65535:
+        raise ValidationError(
+            f"peer url={shown!r} is invalid: the port must be a number from 1 to 65535"
         )
     return url.strip().rstrip("/")
+
+
+SECRET_QUERY_NAMES = ("token", "key", "secret", "password", "passwd", "auth", "sig", "cred")
+
+
+def redact_url(url: object) -> str:
+    """A URL safe to print: userinfo dropped, secret-looking query values masked.
+
+    ``http://user:pass@host:8742/p?token=abc&x=1`` becomes
+    ``http://host:8742/p?token=***&x=1``. A query name counts as secret when it contains
+    token, key, secret, password, passwd, auth, sig or cred (case-insensitive). Text that
+    does not parse is returned with anything before an ``@`` dropped.
+    """
+    text = str(url)
+    try:
+        parts = urlsplit(text)
+        netloc = parts.netloc.rpartition("@")[2]
+        query = "&".join(_mask_pair(pair) for pair in parts.query.split("&")) if parts.query \
+            else ""
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return text.rpartition("@")[2]
+
+
+def _mask_pair(pair: str) -> str:
+    name, sep, value = pair.partition("=")
+    lowered = name.lower()
+    if sep and value and any(word in lowered for word in SECRET_QUERY_NAMES):
+        return f"{name}=***"
+    return pair
+
+
+def check_token(token: object, what: str = "token") -> str | None:
+    """None for no token; a token must be a string with no whitespace at either end only."""
+    if token is None or token == "":
+        return None
+    if not isinstance(token, str):
+        raise ValidationError(f"{what} must be a string")
+    if not token.strip():
+        raise ValidationError(
+            f"{what} is whitespace only: pass a real token or none at all"
+        )
+    return token
 
 
 def check_name(name: object) -> str:
@@ -90,15 +144,18 @@ def load_peers(palace: Path) -> list[Peer]:
 def _peer_from(entry: object, path: Path, index: int) -> Peer:
     if not isinstance(entry, dict):
         raise ConfigError(f"{path}: peers[{index}] must be an object with a 'url'")
+    raw_name = entry.get("name")
+    named = f" (peer {raw_name!r})" if isinstance(raw_name, str) and raw_name else ""
     try:
         url = check_url(entry.get("url"))
-        name = entry.get("name")
-        name = check_name(name) if name not in (None, "") else None
+        name = check_name(raw_name) if raw_name not in (None, "") else None
     except ValidationError as exc:
-        raise ConfigError(f"{path}: peers[{index}]: {exc}") from None
+        raise ConfigError(f"{path}: peers[{index}]: {exc}{named}") from None
     token = entry.get("token")
     if token is not None and not isinstance(token, str):
         raise ConfigError(f"{path}: peers[{index}].token must be a string")
+    if isinstance(token, str) and token and not token.strip():
+        raise ConfigError(f"{path}: peers[{index}].token is whitespace only")
     return Peer(url=url, name=name, token=token or None)
 
 
@@ -112,7 +169,8 @@ def save_peers(palace: Path, peers: list[Peer]) -> Path:
 
 def add_peer(palace: Path, name: str, url: str, token: str | None) -> Peer:
     """Add or replace the peer called `name`."""
-    peer = Peer(url=check_url(url), name=check_name(name), token=token or None)
+    peer = Peer(url=check_url(url), name=check_name(name),
+                token=check_token(token, "--token"))
     peers = [p for p in load_peers(palace) if p.key != peer.name and p.url != peer.url]
     save_peers(palace, [*peers, peer])
     return peer

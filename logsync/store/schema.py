@@ -97,6 +97,24 @@ CREATE TABLE IF NOT EXISTS logsync_quarantine (
 """
 
 
+HEALTH_SCHEMA = """
+CREATE TABLE IF NOT EXISTS logsync_health (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    checked_at TEXT NOT NULL
+)
+"""
+# One row, rewritten by `Store.health_problem`: a real write that proves the disk takes one.
+HEALTH_UPSERT = (
+    "INSERT INTO logsync_health (id, checked_at) VALUES (1, ?) "
+    "ON CONFLICT(id) DO UPDATE SET checked_at = excluded.checked_at"
+)
+REQUIRED_TABLES = (
+    "events", "artifacts", "event_artifacts", "logsync_conflicts", "logsync_quarantine",
+    "logsync_health",
+)
+PROVENANCE_COLUMNS = ("topic", "origin_replica", "origin_seq", "hlc")
+
+
 def migrate(conn: sqlite3.Connection, replica_id: str) -> None:
     """Bring any upstream or logsync store to the current schema (inside a transaction)."""
     create_upstream_tables(conn)
@@ -104,6 +122,30 @@ def migrate(conn: sqlite3.Connection, replica_id: str) -> None:
     backfill_provenance(conn, replica_id)
     create_upstream_indexes(conn)
     create_logsync_tables(conn)
+    create_health_table(conn)
+
+
+def schema_problem(conn: sqlite3.Connection) -> str | None:
+    """What a migration would still have to do (None when the schema is current).
+
+    Read-only opens call this instead of ``migrate``: it only reads the catalogue.
+    """
+    tables = {
+        r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+    }
+    missing = [t for t in REQUIRED_TABLES if t not in tables]
+    if missing:
+        return f"lacks the tables {', '.join(missing)} (it needs a schema migration)"
+    columns = _columns(conn, "events")
+    absent = [c for c in PROVENANCE_COLUMNS if c not in columns]
+    if absent or "origin_replica" not in _columns(conn, "artifacts"):
+        return "lacks the provenance columns (it needs a schema migration)"
+    unstamped = conn.execute(
+        "SELECT 1 FROM events WHERE origin_replica IS NULL LIMIT 1"
+    ).fetchone()
+    if unstamped is not None:
+        return "holds events without provenance (it needs a schema migration)"
+    return None
 
 
 def create_upstream_tables(conn: sqlite3.Connection) -> None:
@@ -164,6 +206,11 @@ def create_logsync_tables(conn: sqlite3.Connection) -> None:
     for statement in LOGSYNC_SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
+
+
+def create_health_table(conn: sqlite3.Connection) -> None:
+    """The one-row table ``Store.health_problem`` writes to (ignored by MemPalace)."""
+    conn.execute(HEALTH_SCHEMA)
 
 
 def _created_at_ms(value: str) -> int:
