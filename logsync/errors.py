@@ -75,7 +75,10 @@ class PeerProtocolError(PeerError):
 
 def shorten(value: object, limit: int = 60) -> str:
     """repr() of a value, cut so error sentences stay one line."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):  # nesting beyond the stack, an int beyond str()
+        text = f"<{type(value).__name__} too deep or too large to show>"
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return text

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-HLC_RE = re.compile(r"^(\d{13})-([0-9a-f]{6})-(rep_(?:[0-9a-f]{12}|[0-9a-f]{32}))$")
+HLC_RE = re.compile(r"([0-9]{13})-([0-9a-f]{6})-(rep_(?:[0-9a-f]{12}|[0-9a-f]{32}))")
 MAX_COUNTER = 0xFFFFFF
 MAX_FUTURE_DRIFT_MS = 60_000
 MAX_MS = 10**13 - 1
@@ -36,7 +36,7 @@ def parse(stamp: object) -> Stamp | None:
     """Split a stamp into its parts, or None if it is not well-formed."""
     if not isinstance(stamp, str):
         return None
-    m = HLC_RE.match(stamp)
+    m = HLC_RE.fullmatch(stamp)
     if m is None:
         return None
     return Stamp(int(m.group(1)), int(m.group(2), 16), m.group(3))

@@ -9,6 +9,7 @@ allowed. Nothing here touches SQL or the network.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -45,10 +46,16 @@ ARTIFACT_KEYS = (
 )
 OPTIONAL_ROUTING = ("topic", "to_agent", "correlation_id", "branch", "base_commit")
 
-TYPE_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-CREATED_AT_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+# Patterns are whole-string (`fullmatch`) and ASCII-only: `$` would accept a final
+# newline and `\d` any Unicode digit, and the fast and careful paths must agree.
+TYPE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+CREATED_AT_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+MAX_SEQ = 2**62  # origin_seq and vector entries: far below SQLite's 2**63 - 1
+MAX_METADATA_DEPTH = 64  # nesting of objects and arrays inside metadata
+# Upstream's encoding of stored metadata (sorted keys, non-ASCII kept), refusing NaN.
+_canonical_json = json.JSONEncoder(ensure_ascii=False, sort_keys=True, allow_nan=False).encode
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _STATUS_LIST = ", ".join(sorted(EVENT_STATUSES))
 _KIND_LIST = ", ".join(sorted(ARTIFACT_KINDS))
@@ -59,7 +66,7 @@ def _fail(field: str, value: object, rule: str) -> ValidationError:
 
 
 def event_type(value: object) -> str:
-    if not isinstance(value, str) or not TYPE_RE.match(value):
+    if not isinstance(value, str) or not TYPE_RE.fullmatch(value):
         raise _fail(
             "type", value,
             "must be 1-64 chars of lowercase letters, digits, '.', '_', '-', "
@@ -110,13 +117,16 @@ def body(value: object, field: str = "body") -> str:
 
 
 def metadata_json(value: object) -> str:
-    """Canonical JSON of an object (sorted keys), ≤64 KiB."""
+    """Canonical JSON of an object (sorted keys, no NaN), ≤64 KiB, ≤64 levels deep."""
     if value is None:
         return "{}"
     if not isinstance(value, Mapping):
         raise _fail("metadata", value, "must be a JSON object")
+    problem = _json_shape_problem(value)
+    if problem:
+        raise _fail("metadata", value, problem)
     try:
-        encoded = json.dumps(value, ensure_ascii=False, sort_keys=True)
+        encoded = _canonical_json(value)
     except (TypeError, ValueError) as exc:
         raise _fail("metadata", value, f"must be JSON-serialisable ({exc})") from None
     size = _utf8_len(encoded, "metadata")
@@ -126,6 +136,28 @@ def metadata_json(value: object) -> str:
             f"{MAX_METADATA_BYTES} bytes"
         )
     return encoded
+
+
+def _json_shape_problem(value: object) -> str | None:
+    """Why a decoded value is not plain JSON within the depth limit (iterative: a hostile
+    nesting must not reach the recursion limit), or None."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping | list):
+            if depth > MAX_METADATA_DEPTH:
+                return f"must nest at most {MAX_METADATA_DEPTH} objects or arrays deep"
+            if isinstance(item, Mapping):
+                if not all(type(k) is str for k in item):
+                    return "object keys must be strings"
+                children = item.values()
+            else:
+                children = item
+            stack.extend((child, depth + 1) for child in children
+                         if isinstance(child, Mapping | list))
+        elif type(item) is float and not math.isfinite(item):
+            return "must not hold NaN or Infinity"
+    return None
 
 
 def artifact_ids(value: object) -> list[str]:
@@ -141,7 +173,7 @@ def artifact_ids(value: object) -> list[str]:
 
 
 def identifier(field: str, value: object) -> str:
-    if not isinstance(value, str) or not ID_RE.match(value):
+    if not isinstance(value, str) or not ID_RE.fullmatch(value):
         raise _fail(
             field, value,
             "must be 1-128 chars of letters, digits, '_', '.', ':', '-' "
@@ -171,7 +203,7 @@ def artifact_content(value: object) -> str:
 
 
 def created_at(value: object) -> str:
-    if not isinstance(value, str) or not CREATED_AT_RE.match(value):
+    if not isinstance(value, str) or not CREATED_AT_RE.fullmatch(value):
         raise _fail("created_at", value, "must look like 2026-07-02T03:24:43Z")
     try:
         datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ")
@@ -189,8 +221,8 @@ def origin_replica(value: object) -> str:
 def origin_seq(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise _fail("origin_seq", value, "must be a positive integer")
-    if value > 2**62:
-        raise _fail("origin_seq", value, "must be below 2**62")
+    if value > MAX_SEQ:
+        raise _fail("origin_seq", value, "must be at most 2**62")
     return value
 
 
@@ -266,7 +298,7 @@ def validate_remote_event(event: object) -> dict[str, Any]:
 
 
 _ROUTE_OK = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]{1,256}")
-_HLC_PREFIX = re.compile(r"\d{13}-[0-9a-f]{6}-")
+_HLC_PREFIX = re.compile(r"[0-9]{13}-[0-9a-f]{6}-")
 
 
 def _text_size_ok(value: str, limit: int) -> bool:
@@ -287,9 +319,8 @@ def _created_at_ok(value: str) -> bool:
     return True
 
 
-_canonical_json = json.JSONEncoder(ensure_ascii=False, sort_keys=True).encode
 _route_match = _ROUTE_OK.fullmatch
-_id_match = ID_RE.match
+_id_match = ID_RE.fullmatch
 
 
 def _fast_remote_row(ev: dict[str, Any]) -> dict[str, Any] | None:
@@ -302,7 +333,7 @@ def _fast_remote_row(ev: dict[str, Any]) -> dict[str, Any] | None:
     optional = [g(k) for k in OPTIONAL_ROUTING]
     ok = (
         type(ident) is str and _id_match(ident) is not None
-        and type(typ) is str and TYPE_RE.match(typ) is not None
+        and type(typ) is str and TYPE_RE.fullmatch(typ) is not None
         and type(stream) is str and _route_match(stream) is not None and not stream.isspace()
         and type(room) is str and _route_match(room) is not None and not room.isspace()
         and type(sender) is str and _route_match(sender) is not None and not sender.isspace()
@@ -312,7 +343,7 @@ def _fast_remote_row(ev: dict[str, Any]) -> dict[str, Any] | None:
         and (meta is None or type(meta) is dict)
         and type(created) is str and _created_at_ok(created)
         and type(origin) is str and is_replica_id(origin)
-        and type(seq) is int and 1 <= seq <= 2**62
+        and type(seq) is int and 1 <= seq <= MAX_SEQ
         and type(stamp) is str and len(stamp) == 21 + len(origin) and stamp.endswith(origin)
         and _HLC_PREFIX.match(stamp) is not None
     )
@@ -331,12 +362,17 @@ def _fast_remote_row(ev: dict[str, Any]) -> dict[str, Any] | None:
         ids = sorted(set(ids))
     elif ids is not None and ids != []:
         return None
-    try:
-        meta_json = _canonical_json(meta) if meta else "{}"
-    except (TypeError, ValueError):
-        return None
-    if not _text_size_ok(meta_json, MAX_METADATA_BYTES):
-        return None
+    if meta:
+        if _json_shape_problem(meta) is not None:
+            return None
+        try:
+            meta_json = _canonical_json(meta)
+        except (TypeError, ValueError):
+            return None
+        if not _text_size_ok(meta_json, MAX_METADATA_BYTES):
+            return None
+    else:
+        meta_json = "{}"
     topic, to_agent, correlation_id, branch, base_commit = optional
     return {
         "id": ident, "type": typ, "stream": stream, "room": room, "from_agent": sender,
@@ -367,7 +403,7 @@ def validate_remote_artifact(artifact: object) -> dict[str, Any]:
     content = artifact_content(artifact.get("content"))
     digest = sha256_hex(content)
     claimed = artifact.get("sha256")
-    if not isinstance(claimed, str) or not SHA256_RE.match(claimed):
+    if not isinstance(claimed, str) or not SHA256_RE.fullmatch(claimed):
         raise _fail("sha256", claimed, "must be 64 lowercase hex digits")
     if claimed != digest:
         raise ValidationError(

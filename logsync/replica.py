@@ -18,7 +18,7 @@ from logsync.errors import ReplicaIdentityError
 from logsync.files import write_exclusive
 
 REPLICA_FILENAME = "replica.json"
-REPLICA_ID_RE = re.compile(r"^rep_(?:[0-9a-f]{12}|[0-9a-f]{32})$")
+REPLICA_ID_RE = re.compile(r"rep_(?:[0-9a-f]{12}|[0-9a-f]{32})")
 
 
 def mint_replica_id() -> str:
@@ -26,7 +26,7 @@ def mint_replica_id() -> str:
 
 
 def is_replica_id(value: object) -> bool:
-    return isinstance(value, str) and REPLICA_ID_RE.match(value) is not None
+    return isinstance(value, str) and REPLICA_ID_RE.fullmatch(value) is not None
 
 
 def read_replica_id(palace: Path) -> str | None:

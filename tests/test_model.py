@@ -97,7 +97,7 @@ PROVENANCE_CASES: list[tuple[str, Any, str]] = [
     ("origin_seq", 1.0, "origin_seq=1.0 is invalid: must be a positive integer"),
     ("origin_seq", True, "origin_seq=True is invalid: must be a positive integer"),
     ("origin_seq", None, "origin_seq=None is invalid: must be a positive integer"),
-    ("origin_seq", 2**62 + 1, "is invalid: must be below 2**62"),
+    ("origin_seq", 2**62 + 1, "is invalid: must be at most 2**62"),
     ("hlc", "yesterday", "hlc='yesterday' is invalid: must be <13-digit unix ms>-<6 hex>-"
      "<replica id>"),
     ("hlc", None, "hlc=None is invalid: must be <13-digit unix ms>-<6 hex>-<replica id>"),

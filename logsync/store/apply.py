@@ -21,7 +21,7 @@ from typing import Any
 
 from logsync import hlc as hlc_mod
 from logsync import model
-from logsync.errors import ValidationError
+from logsync.errors import ValidationError, shorten
 from logsync.replica import is_replica_id
 from logsync.store.rows import (
     artifact_dict,
@@ -167,7 +167,7 @@ class _Applier:
             for op in ops
             if isinstance(op, Mapping)
             and isinstance(op.get("id"), str)
-            and model.ID_RE.match(op["id"])
+            and model.ID_RE.fullmatch(op["id"])
         ]
         by_id = fetch_by_ids(conn, "SELECT rowid, * FROM events WHERE id IN ({})", ids)
         top = conn.execute(
@@ -343,8 +343,11 @@ class _Applier:
 
 
 def _raw_seq(op: Any) -> int | None:
+    """The op's origin_seq if it is an integer SQLite can hold (bounded before any SQL)."""
     seq = op.get("origin_seq") if isinstance(op, Mapping) else None
-    return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
+    if isinstance(seq, int) and not isinstance(seq, bool) and 0 < seq <= model.MAX_SEQ:
+        return seq
+    return None
 
 
 def _validation_error(op: Any) -> str:
@@ -390,8 +393,13 @@ def fetch_by_ids(conn: sqlite3.Connection, sql: str, ids: list[str]) -> dict[str
 
 
 def _payload(value: Any) -> str:
-    """Verbatim JSON of what a peer sent; escaped where it holds lone surrogates."""
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=repr)
+    """Verbatim JSON of what a peer sent; escaped where it holds lone surrogates. A value
+    JSON cannot hold (nesting past the stack, an int past str(), mixed key types) is kept
+    as the start of its repr, so recording a bad op never fails the page."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=repr)
+    except (RecursionError, ValueError, TypeError):
+        return json.dumps({"unencodable": shorten(value, 4096)})
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -413,7 +421,7 @@ def _quarantine(state: _ApplyState, kind: str, item: Any, reason: str) -> str:
             kind,
             origin if is_replica_id(origin) else None,
             _raw_seq(item),
-            item_id if isinstance(item_id, str) and model.ID_RE.match(item_id) else None,
+            item_id if isinstance(item_id, str) and model.ID_RE.fullmatch(item_id) else None,
             reason,
             payload,
             _digest(kind, reason, payload),

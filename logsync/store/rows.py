@@ -98,9 +98,27 @@ COMPARED = (
 
 
 def same_event(stored: dict[str, Any], incoming: dict[str, Any]) -> bool:
-    if any(stored.get(k) != incoming.get(k) for k in COMPARED):
+    """Exact comparison: text fields as strings and metadata by its canonical bytes, never
+    by decoded equality (in Python `1 == True == 1.0` and `0 == -0.0`)."""
+    if any(_differs(stored.get(k), incoming.get(k)) for k in COMPARED):
         return False
-    return json_or_raw(stored.get("metadata_json")) == json_or_raw(incoming["metadata_json"])
+    text, wanted = stored.get("metadata_json"), incoming["metadata_json"]
+    return text == wanted or canonical_metadata(text) == wanted
+
+
+def _differs(a: Any, b: Any) -> bool:
+    return type(a) is not type(b) or a != b
+
+
+def canonical_metadata(text: Any) -> Any:
+    """Stored metadata text in the canonical encoding new ops are stored in (sorted keys,
+    non-ASCII kept); an older writer's spelling of the same bytes compares equal."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return model.metadata_json(json.loads(text))
+    except (ValueError, RecursionError):
+        return text
 
 
 def same_artifact(stored: sqlite3.Row, incoming: dict[str, Any]) -> bool:
