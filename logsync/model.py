@@ -153,10 +153,11 @@ def _json_shape_problem(value: object) -> str | None:
                 children = item.values()
             else:
                 children = item
-            stack.extend((child, depth + 1) for child in children
-                         if isinstance(child, Mapping | list))
-        elif type(item) is float and not math.isfinite(item):
-            return "must not hold NaN or Infinity"
+            for child in children:
+                if isinstance(child, Mapping | list):
+                    stack.append((child, depth + 1))
+                elif type(child) is float and not math.isfinite(child):
+                    return "must not hold NaN or Infinity (not JSON)"
     return None
 
 
