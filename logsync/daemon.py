@@ -12,11 +12,12 @@ cancel -- then stops the server. Decisions about *when* to pull live in
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from logsync.engine import Extensions, PullSchedule, RoundReport, choose_targets
 from logsync.errors import ConfigError, LogsyncError, PeerError, PeerTransientError, StoreError
 from logsync.peerstate import PeerBook, PeerState
 from logsync.server import create_app, is_loopback_host
+from logsync.server_limits import check_tls, listen_socket, uvicorn_limits
 from logsync.store import Store
 from logsync.watch import watch_stream
 
@@ -125,8 +127,12 @@ class Daemon:
         self.server = _QuietServer(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_level=config.log_level,
             ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key, access_log=False,
-            lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, ws="none",
+            **uvicorn_limits(),  # head deadline, connection cap, keep-alive (server_limits)
         ))
+        # Event streams end by themselves once uvicorn is told to exit (no cancel, no
+        # traceback); Daemon._on_signals may also call app.state.logsync.begin_shutdown().
+        self.app.state.logsync.exit_probe = lambda: self.server.should_exit
 
     # ── the task tree ─────────────────────────────────────────────────
 
@@ -302,10 +308,29 @@ class Daemon:
             log.error("cannot save peer state in %s: %s", self.config.palace, exc)
 
 
-def serve(config: DaemonConfig) -> None:
-    """Run a daemon until a signal stops it (blocking)."""
-    daemon = Daemon(config)
+def serve(config: DaemonConfig, announce: Callable[[str], None] | None = None) -> None:
+    """Run a daemon until a signal stops it (blocking).
+
+    The TLS pair is loaded and the listening socket bound *before* the daemon starts, so a
+    bad certificate or a port in use is one ``ConfigError`` sentence; ``announce`` (the
+    CLI's banner) is called with the URL only once both have passed. uvicorn is handed
+    the socket we bound, so nothing can take the port in between.
+    """
+    config.check()
+    check_tls(config.tls_cert, config.tls_key)
+    sock = listen_socket(config.host, config.port)
+    try:
+        daemon = Daemon(config)
+    except BaseException:
+        sock.close()
+        raise
+    daemon.server.serve = functools.partial(daemon.server.serve, sockets=[sock])  # type: ignore[method-assign]
+    if announce is not None:
+        port = sock.getsockname()[1]
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        announce(f"{'https' if config.tls_cert else 'http'}://{host}:{port}")
     try:
         anyio.run(daemon.run)
     finally:
         daemon.store.close()
+        sock.close()

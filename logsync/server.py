@@ -43,14 +43,11 @@ New events reach streams two ways: a ``ChangeNotifier`` that writers in this pro
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import hmac
 import ipaddress
 import json
 import logging
-import math
 import platform
 import socket
 import threading
@@ -87,27 +84,27 @@ from logsync.engine import (
     UPSTREAM_PAGE_LIMIT,
 )
 from logsync.errors import NotFoundError, StoreError, ValidationError, shorten
+from logsync.peers import redact_url
+from logsync.server_stream import (
+    SSE_FILTERS,
+    SSE_TYPE,
+    ChangeNotifier,
+    _LatestProbe,
+    logstream_stream,
+)
 
 logger = logging.getLogger("logsync.server")
 
 UPSTREAM_PAGE = UPSTREAM_PAGE_LIMIT
 JSON_TYPE = "application/json; charset=utf-8"
 MSGPACK_TYPE = "application/msgpack"
-SSE_TYPE = "text/event-stream; charset=utf-8"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 ORIGIN_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-SSE_FILTERS = (
-    "stream",
-    "room",
-    "topic",
-    "type",
-    "to_agent",
-    "from_agent",
-    "correlation_id",
-    "status",
-)
-SSE_BATCH = 500
-SSE_RETRY_AFTER_S = 5
+STORE_RETRY_AFTER_S = 5
+DEFAULT_MAX_PAGE_BYTES = 8 * 1024 * 1024
+ADVERTISED_MAX_PAGE_BYTES = "max_page_bytes"
+EVENT_OVERHEAD_BYTES = 2  # ", " between events in the JSON array
+GUARDED_PREFIXES = ("/sync/", "/logstream/")
 EXT_NOTIFY = "notify"
 EXTENSIONS = (EXT_MSGPACK, EXT_LARGE_PAGES, EXT_INLINE_ARTIFACTS, EXT_NOTIFY)
 PEER_KEYS = (
@@ -135,6 +132,9 @@ ROUTES = (
 )
 
 PeerStateProvider = Callable[[], list[dict[str, Any]]]
+HealthProbe = Callable[[], "str | None"]
+__all__ = ["ChangeNotifier", "create_app", "is_loopback_host", "json_bytes", "SSE_FILTERS",
+           "SSE_TYPE"]
 
 
 def is_loopback_host(host: str) -> bool:
@@ -146,93 +146,6 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(name.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-class ChangeNotifier:
-    """Wakes waiting streams the moment the store changes.
-
-    ``notify()`` may be called from the event loop or from any thread (a store writer
-    running in a worker thread): it bumps a generation counter and, when a loop is
-    waiting, schedules the wake on that loop. Waiters re-check the generation on every
-    timeout, so a missed wake costs at most one poll interval.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._generation = 0
-        self._event: anyio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    @property
-    def generation(self) -> int:
-        """How many changes have been announced so far."""
-        return self._generation
-
-    def notify(self) -> None:
-        """Announce a change; safe from any thread, never blocks."""
-        with self._lock:
-            self._generation += 1
-            loop = self._loop
-        if loop is None:
-            return
-        if _running_loop() is loop:
-            self._wake()
-            return
-        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody to wake
-            loop.call_soon_threadsafe(self._wake)
-
-    def _wake(self) -> None:
-        event, self._event = self._event, None
-        if event is not None:
-            event.set()
-
-    async def wait(self, seen: int, within: float) -> int:
-        """Wait until the generation moves past ``seen`` or ``within`` seconds pass."""
-        with self._lock:
-            self._loop = _running_loop()
-            if self._generation != seen:
-                return self._generation
-            if self._event is None:
-                self._event = anyio.Event()
-            event = self._event
-        with anyio.move_on_after(max(within, 0.0)):
-            await event.wait()
-        return self._generation
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-class _LatestProbe:
-    """The newest event id, looked up at most once per interval for all streams."""
-
-    def __init__(self, server: _Server, interval: float) -> None:
-        self._server = server
-        self._interval = interval
-        self._value: str | None = None
-        self._at = -math.inf
-        self._generation = -1
-        self._pending: anyio.Event | None = None
-
-    async def latest(self, generation: int) -> str | None:
-        fresh = time.monotonic() - self._at < self._interval
-        if generation == self._generation and fresh:
-            return self._value
-        if self._pending is not None:
-            await self._pending.wait()
-            return self._value
-        self._pending = anyio.Event()
-        try:
-            value = await self._server.run(lambda store: store.latest_event_id())
-            self._value, self._at, self._generation = value, time.monotonic(), generation
-        finally:
-            pending, self._pending = self._pending, None
-            pending.set()
-        return self._value
 
 
 class _StoreCollector:
@@ -279,6 +192,11 @@ class Settings:
     sync_interval_s: float
     node_name: str
     scheme: str
+    health: HealthProbe | None = None
+    sse_max_per_client: int = 2
+    sse_per_client_exempt: frozenset[str] = frozenset()
+    sse_send_timeout_s: float = 10.0
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
 
 
 class _Server:
@@ -294,6 +212,11 @@ class _Server:
         self.notifier = notifier or ChangeNotifier()
         self.probe = _LatestProbe(self, settings.sse_poll_s)
         self.sse_clients = 0
+        self.sse_by_host: dict[str, int] = {}
+        self._shutdown = False
+        self.exit_probe: Callable[[], bool] | None = None
+        self._unencodable: set[str] = set()
+        self._crashed_routes: set[str] = set()
         self.started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.started_monotonic = time.monotonic()
         self.request_total = 0
@@ -336,22 +259,68 @@ class _Server:
         self.status_counts[key] = self.status_counts.get(key, 0) + 1
         self.requests_metric.labels(route=route, status=key).inc()
 
-    def acquire_slot(self) -> bool:
+    def acquire_slot(self, host: str = "") -> str | None:
+        """Take a stream slot for a client address; None when taken, else why not."""
         if self.sse_clients >= self.cfg.sse_max_clients:
-            return False
+            return f"{self.sse_clients} stream clients are connected, the maximum"
+        held = self.sse_by_host.get(host, 0)
+        limited = host not in self.cfg.sse_per_client_exempt
+        if limited and held >= self.cfg.sse_max_per_client:
+            return (f"{held} streams are open from {host}, the maximum for one client "
+                    "address")
         self.sse_clients += 1
-        return True
+        self.sse_by_host[host] = held + 1
+        return None
 
-    def release_slot(self) -> None:
+    def release_slot(self, host: str = "") -> None:
         self.sse_clients -= 1
+        left = self.sse_by_host.get(host, 1) - 1
+        if left > 0:
+            self.sse_by_host[host] = left
+        else:
+            self.sse_by_host.pop(host, None)
+
+    # ── shutdown and store health ─────────────────────────────────────
+
+    def begin_shutdown(self) -> None:
+        """End every event stream now (the daemon calls this when a signal arrives)."""
+        self._shutdown = True
+        self.notifier.notify()
+
+    def shutting_down(self) -> bool:
+        if not self._shutdown and self.exit_probe is not None and self.exit_probe():
+            self.begin_shutdown()
+        return self._shutdown
+
+    def store_problem(self) -> str | None:
+        """The health probe's sentence (None when healthy or when there is no probe)."""
+        if self.cfg.health is None:
+            return None
+        try:
+            return self.cfg.health()
+        except Exception as exc:  # a broken probe must not take the routes down with it
+            logger.warning("the store health probe failed: %s", exc)
+            return None
+
+    def first_time(self, seen: set[str], key: str) -> bool:
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
 
 
 # ---------------------------------------------------------------- encoding
 
 
 def json_bytes(payload: Any) -> bytes:
-    """Upstream's encoding: default separators, non-ASCII kept, UTF-8."""
-    return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    """Upstream's encoding: default separators, non-ASCII kept, UTF-8.
+
+    Raises ``ValueError`` (never ``RecursionError``) when the payload cannot be encoded.
+    """
+    try:
+        return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise ValueError("the payload nests too deeply to encode as JSON") from None
 
 
 def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> Response:
@@ -426,13 +395,19 @@ async def healthz(request: Request) -> Response:
 
 async def statusz(request: Request) -> Response:
     srv = _server(request)
-    replica_id, vector, counts = await srv.run(
-        lambda s: (s.replica_id, s.version_vector(), s.counts())
-    )
+    problem = srv.store_problem()
+    try:
+        replica_id, vector, counts = await srv.run(
+            lambda s: (s.replica_id, s.version_vector(), s.counts())
+        )
+    except StoreError as exc:
+        problem = problem or str(exc)
+        replica_id, vector, counts = None, None, None
     return _json(
         200,
         {
-            "ok": True,
+            "ok": problem is None,
+            "store_problem": problem,
             "server": {
                 "name": "logsync",
                 "version": __version__,
@@ -447,8 +422,12 @@ async def statusz(request: Request) -> Response:
             "version_vector": vector,
             "counts": counts,
             "requests": {"total": srv.request_total, "by_status": dict(srv.status_counts)},
-            "sse": {"clients": srv.sse_clients, "max_clients": srv.cfg.sse_max_clients},
-            "extensions": _advertisement(srv.cfg.max_page)["extensions"],
+            "sse": {
+                "clients": srv.sse_clients,
+                "max_clients": srv.cfg.sse_max_clients,
+                "max_per_client": srv.cfg.sse_max_per_client,
+            },
+            "extensions": _advertisement(srv.cfg)["extensions"],
         },
     )
 
@@ -477,13 +456,22 @@ async def _peer_states(srv: _Server) -> list[dict[str, Any]]:
     return [_public_peer(entry) for entry in raw or [] if isinstance(entry, Mapping)]
 
 
-def _advertisement(max_page: int) -> dict[str, Any]:
-    return {"version": __version__, "extensions": list(EXTENSIONS), ADVERTISED_MAX_PAGE: max_page}
+def _advertisement(cfg: Settings) -> dict[str, Any]:
+    return {
+        "version": __version__,
+        "extensions": list(EXTENSIONS),
+        ADVERTISED_MAX_PAGE: cfg.max_page,
+        ADVERTISED_MAX_PAGE_BYTES: cfg.max_page_bytes,
+    }
 
 
 def _public_peer(entry: Mapping[str, Any]) -> dict[str, Any]:
     """Upstream key order first, additive keys after, anything token-like dropped."""
     safe = {k: v for k, v in entry.items() if "token" not in str(k).lower()}
+    if isinstance(safe.get("url"), str):
+        safe["url"] = redact_url(safe["url"])
+    if isinstance(safe.get("name"), str) and "@" in safe["name"]:
+        safe["name"] = redact_url(safe["name"])  # an unnamed peer is known by its URL
     ordered = {key: safe[key] for key in PEER_KEYS if key in safe}
     ordered.update((k, v) for k, v in safe.items() if k not in ordered)
     return ordered
@@ -511,7 +499,7 @@ async def version_vector(request: Request) -> Response:
             "version_vector": vector,
             "profile": own,
             "profiles": _profiles(peers, replica_id, own),
-            ADVERTISEMENT_KEY: _advertisement(srv.cfg.max_page),
+            ADVERTISEMENT_KEY: _advertisement(srv.cfg),
         },
     )
 
@@ -528,14 +516,60 @@ async def sync_ops(request: Request) -> Response:
         raise ValidationError(f"after={after} must be a non-negative integer")
     if limit < 1:
         raise ValidationError(f"limit={limit} must be a positive integer")
-    cap = srv.cfg.max_page if EXT_LARGE_PAGES in ext else UPSTREAM_PAGE
+    large = EXT_LARGE_PAGES in ext
+    cap = srv.cfg.max_page if large else UPSTREAM_PAGE
     limit = min(limit, cap)
-    events = await srv.run(lambda s: s.list_ops(origin, after, limit, max_limit=cap))
+    if large:  # negotiated: pages stop at the byte budget (always at least one event)
+        budget = srv.cfg.max_page_bytes
+        events = await srv.run(lambda s: _budget_page(s, origin, after, limit, cap, budget))
+    else:  # a MemPalace hub client gets exactly upstream's page
+        events = await srv.run(lambda s: s.list_ops(origin, after, limit, max_limit=cap))
     payload: dict[str, Any] = {"origin": origin, "events": events, "count": len(events)}
     if EXT_INLINE_ARTIFACTS in ext:
         budget = srv.cfg.inline_artifact_bytes
         payload["artifacts"] = await srv.run(lambda s: _page_artifacts(s, events, budget))
-    return _answer(request, payload)
+    try:
+        return _answer(request, payload)
+    except ValueError as exc:
+        if srv.first_time(srv._unencodable, origin):
+            logger.error("a page of origin %s after %d cannot be encoded: %s", origin, after, exc)
+        return _error(500, f"the page of origin {origin} after {after} cannot be encoded "
+                           f"({exc}); this replica stored an op it cannot serve")
+
+
+PAGE_READ_BATCH = 100
+
+
+def _budget_page(
+    store: Any, origin: str, after: int, limit: int, cap: int, budget: int
+) -> list[dict]:
+    """Up to ``limit`` ops, read in batches, stopping before the one that would push the
+    encoded events past ``budget`` bytes (the first op is always included)."""
+    events: list[dict] = []
+    spent = 0
+    cursor = after
+    while len(events) < limit:
+        batch = store.list_ops(
+            origin, cursor, min(PAGE_READ_BATCH, limit - len(events)), max_limit=cap
+        )
+        for event in batch:
+            size = _event_size(event) + EVENT_OVERHEAD_BYTES
+            if events and spent + size > budget:
+                return events
+            events.append(event)
+            spent += size
+        if len(batch) < PAGE_READ_BATCH:
+            return events
+        cursor = batch[-1]["origin_seq"]
+    return events
+
+
+def _event_size(event: dict) -> int:
+    """The event's JSON size (an undecodable one counts as its body and metadata)."""
+    try:
+        return len(json_bytes(event))
+    except ValueError:
+        return len(str(event.get("body", "")).encode("utf-8", "replace"))
 
 
 def _page_artifacts(store: Any, events: list[dict], budget: int) -> list[dict]:
@@ -591,124 +625,6 @@ async def sync_peers(request: Request) -> Response:
     )
 
 
-# ---------------------------------------------------------------- SSE
-
-
-async def logstream_stream(request: Request) -> Response:
-    """Validate filters and cursor (400 before any slot is taken), then stream."""
-    srv = _server(request)
-    query = request.query_params
-    filters = {key: (query.get(key) or None) for key in SSE_FILTERS}
-    cursor = query.get("since_event_id") or request.headers.get("last-event-id") or None
-
-    def check(store: Any) -> tuple[str | None, str | None]:
-        latest = store.latest_event_id()
-        start = cursor if cursor is not None else latest
-        store.list_events(since_event_id=start, limit=1, **filters)
-        return start, latest
-
-    start, latest = await srv.run(check)
-    return _EventStream(srv, filters, start, latest)
-
-
-class _EventStream(Response):
-    """One SSE client: takes a slot, streams, and frees the slot the moment it leaves."""
-
-    def __init__(self, srv: _Server, filters: dict, cursor: str | None, latest: str | None) -> None:
-        super().__init__(status_code=200)
-        self.srv, self.filters, self.cursor, self.latest = srv, filters, cursor, latest
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        srv = self.srv
-        if not srv.acquire_slot():
-            busy = _error(
-                503,
-                f"{srv.sse_clients} stream clients are connected, the maximum; "
-                f"retry after {SSE_RETRY_AFTER_S} s",
-                {"Retry-After": str(SSE_RETRY_AFTER_S)},
-            )
-            await busy(scope, receive, send)
-            return
-        try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._until_disconnect, receive, group.cancel_scope)
-                await self._stream(scope, send)
-                group.cancel_scope.cancel()
-        finally:
-            srv.release_slot()
-
-    async def _stream(self, scope: Scope, send: Send) -> None:
-        """Stream until cancelled (client gone); a failing store or socket ends it cleanly."""
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        if scope.get("method") == "HEAD":
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
-        try:
-            await self._pump(send)
-        except OSError as exc:  # the client went away mid-write: the normal end of a stream
-            logger.debug("stream client gone: %s", exc)
-        except StoreError as exc:
-            logger.error("stream ended, the store failed: %s", exc)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    @staticmethod
-    async def _until_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        scope.cancel()
-
-    async def _pump(self, send: Send) -> None:
-        srv = self.srv
-        await send({"type": "http.response.body", "body": b"", "more_body": True})
-        generation, seen, fetch = srv.notifier.generation, self.latest, True
-        last_write = time.monotonic()
-        while True:
-            if fetch:
-                async for frames in self._frames(seen):
-                    await send({"type": "http.response.body", "body": frames, "more_body": True})
-                    last_write = time.monotonic()
-            idle = time.monotonic() - last_write
-            if idle >= srv.cfg.sse_heartbeat_s:
-                await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
-                last_write, idle = time.monotonic(), 0.0
-            wait = min(srv.cfg.sse_poll_s, srv.cfg.sse_heartbeat_s - idle)
-            generation = await srv.notifier.wait(generation, wait)
-            latest = await srv.probe.latest(generation)
-            fetch, seen = latest != seen, latest
-
-    async def _frames(self, seen: str | None) -> AsyncIterator[bytes]:
-        """Every matching event after the cursor, in pages, as encoded SSE frames."""
-        while True:
-            events = await self.srv.run(
-                functools.partial(_list_after, cursor=self.cursor, filters=self.filters)
-            )
-            if events:
-                self.cursor = events[-1]["id"]
-                yield b"".join(_frame(event) for event in events)
-            elif self.cursor is None and seen is not None:
-                # Nothing matched in a log that was empty at connect: resume after what we saw.
-                self.cursor = seen
-            if len(events) < SSE_BATCH:
-                return
-
-
-def _list_after(store: Any, *, cursor: str | None, filters: dict) -> list[dict]:
-    return store.list_events(since_event_id=cursor, limit=SSE_BATCH, **filters)
-
-
-_SSE_HEADERS = [
-    (b"content-type", SSE_TYPE.encode()),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
-
-
-def _frame(event: Mapping[str, Any]) -> bytes:
-    return (
-        f"id: {event['id']}\nevent: logstream\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-    ).encode()
-
-
 # ---------------------------------------------------------------- policy
 
 
@@ -732,10 +648,36 @@ class _Guard:
 
         headers = Headers(scope=scope)
         refusal = self._refusal(path, headers) or await self._oversize(headers, receive)
+        if refusal is None and path.startswith(GUARDED_PREFIXES):
+            refusal = self._unavailable()
         if refusal is not None:
             await refusal(scope, receive, counted)
             return
-        await self.app(scope, receive, counted)
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await counted(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:  # one sentence to the client, one log line, no traceback
+            route = path if path in ROUTES else "other"
+            if self.srv.first_time(self.srv._crashed_routes, f"{route}:{type(exc).__name__}"):
+                logger.error("unexpected %s on %s: %s", type(exc).__name__, route, exc)
+            logger.debug("unexpected error on %s", path, exc_info=True)
+            if started:
+                return  # the answer is under way: all we can do is end it
+            await _error(500, f"internal error on {shorten(path)} ({type(exc).__name__}); "
+                              "see the server log")(scope, receive, counted)
+
+    def _unavailable(self) -> Response | None:
+        problem = self.srv.store_problem()
+        if problem is None:
+            return None
+        return _error(503, f"the store is unavailable: {problem}",
+                      {"Retry-After": str(STORE_RETRY_AFTER_S)})
 
     def _refusal(self, path: str, headers: Headers) -> Response | None:
         srv = self.srv
@@ -856,14 +798,35 @@ def create_app(
     sync_interval_s: float = 15.0,
     node_name: str | None = None,
     scheme: str = "http",
+    health: HealthProbe | None = None,
+    sse_max_per_client: int = 2,
+    sse_per_client_exempt: Iterable[str] = ("127.0.0.1", "::1"),
+    sse_send_timeout_s: float = 10.0,
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
 ) -> Starlette:
     """Build the ASGI app over a ``Store`` (or a zero-argument factory opening one).
 
     ``port=None`` accepts any port in a pinned Host header (for a port-0 bind). The Host
     pin applies only when ``bind_host`` is loopback, as upstream. ``app.state.notifier``
-    is the ``ChangeNotifier`` writers should poke; ``app.state.logsync`` holds the rest.
+    is the ``ChangeNotifier`` writers should poke; ``app.state.logsync`` holds the rest
+    (its ``begin_shutdown()`` ends every event stream; ``exit_probe``, a callable such as
+    ``lambda: server.should_exit``, lets streams notice a shutdown by themselves).
+
+    ``health`` is a cheap, non-blocking callable: while it returns a sentence, every
+    ``/sync/*`` and ``/logstream/*`` request is answered 503 ``{"error": "the store is
+    unavailable: <sentence>"}`` with ``Retry-After: 5``; ``/healthz`` stays 200 and
+    ``/statusz`` shows the sentence. Event streams allow ``sse_max_per_client`` per client
+    address (addresses in ``sse_per_client_exempt`` share only the total) and evict a client
+    that takes no write for ``sse_send_timeout_s``. With ``large_pages`` negotiated,
+    ``/sync/ops`` stops before the event that would push the page past ``max_page_bytes``
+    of event JSON (always at least one event); upstream requests are unchanged.
     """
     _check_settings(sse_max_clients, sse_heartbeat_s, sse_poll_s, max_page, max_body_bytes)
+    if sse_max_per_client < 1 or not sse_send_timeout_s > 0 or max_page_bytes < 1:
+        raise ValidationError(
+            f"sse_max_per_client={sse_max_per_client}, sse_send_timeout_s="
+            f"{sse_send_timeout_s} and max_page_bytes={max_page_bytes} must be positive"
+        )
     settings = Settings(
         token=token or None,
         peer_state_provider=peer_state_provider,
@@ -880,6 +843,11 @@ def create_app(
         sync_interval_s=float(sync_interval_s),
         node_name=node_name or socket.gethostname(),
         scheme=scheme,
+        health=health,
+        sse_max_per_client=sse_max_per_client,
+        sse_per_client_exempt=frozenset(sse_per_client_exempt),
+        sse_send_timeout_s=float(sse_send_timeout_s),
+        max_page_bytes=max_page_bytes,
     )
     server = _Server(store, settings, notifier)
 

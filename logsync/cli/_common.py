@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +16,7 @@ import platformdirs
 
 from logsync.errors import LogsyncError, ValidationError, shorten
 from logsync.store import Store
+from logsync.store.core import StoreNeedsWrite
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 2
@@ -32,8 +33,21 @@ def palace_of(ctx: click.Context) -> Path:
 
 
 @contextmanager
-def open_store(ctx: click.Context) -> Iterator[Store]:
-    store = Store.open(palace_of(ctx))
+def open_store(ctx: click.Context, *, read_only: bool = False) -> Iterator[Store]:
+    """The palace's store; read commands pass ``read_only=True``.
+
+    A read-only open runs no migration and writes nothing, so a store the user may only
+    read (or one made immutable) can still be listed. When there is nothing to read yet
+    (no store, no replica id) or the schema must first migrate, it opens writable as
+    before: a read command on a new palace creates it, as upstream's does.
+    """
+    palace = palace_of(ctx)
+    store: Store | None = None
+    if read_only:
+        with suppress(StoreNeedsWrite):
+            store = Store.open(palace, read_only=True)
+    if store is None:
+        store = Store.open(palace)
     try:
         yield store
     finally:

@@ -107,7 +107,7 @@ def append(ctx: click.Context, as_json: bool, type_: str, body: str | None,
 def list_(ctx: click.Context, as_json: bool, order: str, limit: int,
           before_event_id: str | None, **kw: Any) -> None:
     """List events matching filters (`--to-agent` also matches `*` broadcasts)."""
-    with open_store(ctx) as store:
+    with open_store(ctx, read_only=True) as store:
         events = store.list_events(limit=limit, order=order, before_event_id=before_event_id,
                                    **_filters(kw))
     _print_events({"events": events, "count": len(events)}, as_json)
@@ -123,7 +123,7 @@ def list_(ctx: click.Context, as_json: bool, order: str, limit: int,
 @handles_errors
 def wait(ctx: click.Context, as_json: bool, timeout_ms: int, limit: int, **kw: Any) -> None:
     """Block until a matching event exists; exit 2 on timeout."""
-    with open_store(ctx) as store:
+    with open_store(ctx, read_only=True) as store:
         result = store.wait_events(timeout_ms=timeout_ms, limit=limit, **_filters(kw))
     result["count"] = len(result["events"])
     _print_events(result, as_json)
@@ -205,7 +205,7 @@ def artifact_put(ctx: click.Context, as_json: bool, kind: str, created_by: str,
 @handles_errors
 def artifact_get(ctx: click.Context, as_json: bool, artifact_id: str, out: str | None) -> None:
     """Print an artifact's exact bytes (pipe into `git apply`)."""
-    with open_store(ctx) as store:
+    with open_store(ctx, read_only=True) as store:
         record = store.get_artifact(artifact_id)
     if record is None:
         raise NotFoundError(f"artifact {artifact_id!r} not found")
@@ -271,7 +271,7 @@ def info_payload(store: Store) -> dict[str, Any]:
 @handles_errors
 def info(ctx: click.Context, as_json: bool) -> None:
     """This replica's id, version vector and counts."""
-    with open_store(ctx) as store:
+    with open_store(ctx, read_only=True) as store:
         payload = info_payload(store)
     if as_json:
         emit_json(payload)

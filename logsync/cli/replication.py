@@ -53,15 +53,16 @@ def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     config = DaemonConfig(
         palace=Path(serve_palace).expanduser() if serve_palace else palace_of(ctx),
-        host=host, port=port, token=token, interval=interval,
-        tls_cert=tls_cert, tls_key=tls_key, ca_file=ca_file, notifications=not no_notify,
-        log_level=log_level,
+        host=host, port=port, token=peers_mod.check_token(token, "--token (or LOGSYNC_TOKEN)"),
+        interval=interval, tls_cert=tls_cert, tls_key=tls_key, ca_file=ca_file,
+        notifications=not no_notify, log_level=log_level,
     )
     config.check()
-    scheme = "https" if tls_cert else "http"
-    click.echo(f"logsync serving {config.palace} on {scheme}://{host}:{port} "
-               "(Ctrl-C to stop)", err=True)
-    serve(config)
+
+    def banner(url: str) -> None:  # only once the port is ours and the TLS pair loads
+        click.echo(f"logsync serving {config.palace} on {url} (Ctrl-C to stop)", err=True)
+
+    serve(config, announce=banner)
 
 
 @cli.command("sync")
@@ -185,14 +186,14 @@ def _print_result(result: dict[str, Any]) -> None:
 def status_cmd(ctx: click.Context, as_json: bool) -> None:
     """This replica, and how far behind each peer it is."""
     palace = palace_of(ctx)
-    with open_store(ctx) as store:
+    with open_store(ctx, read_only=True) as store:
         local = store.version_vector()
         payload: dict[str, Any] = {"replica_id": store.replica_id, "palace": str(palace),
                                    "version_vector": local, **store.counts()}
     book = PeerBook.load(palace)
     configured = peers_mod.load_peers(palace)
     payload["peers"] = [
-        book.get(p.key, p.url).as_upstream_peer_entry(local) for p in configured
+        _redacted(book.get(p.key, p.url).as_upstream_peer_entry(local)) for p in configured
     ]
     if as_json:
         emit_json(payload)
@@ -206,6 +207,15 @@ def status_cmd(ctx: click.Context, as_json: bool) -> None:
         click.echo("no peers configured (logsync peers add NAME URL)")
     for entry in payload["peers"]:
         _print_peer(entry)
+
+
+def _redacted(entry: dict[str, Any]) -> dict[str, Any]:
+    """A peer entry safe to print: no credentials in its URL (or in a URL-shaped name)."""
+    out = dict(entry)
+    for key in ("url", "name"):
+        if isinstance(out.get(key), str) and (key == "url" or "://" in out[key]):
+            out[key] = peers_mod.redact_url(out[key])
+    return out
 
 
 def _print_peer(entry: dict[str, Any]) -> None:
@@ -260,7 +270,8 @@ def peers_list(ctx: click.Context, as_json: bool) -> None:
 
 
 def _print_peers(peers: list[peers_mod.Peer], as_json: bool, verb: str | None) -> None:
-    public = [{"name": p.name, "url": p.url, "token_set": bool(p.token)} for p in peers]
+    public = [{"name": p.name, "url": peers_mod.redact_url(p.url), "token_set": bool(p.token)}
+              for p in peers]
     if as_json:
         emit_json({"peers": public} if verb is None else public[0])
         return
@@ -279,7 +290,7 @@ def _print_peers(peers: list[peers_mod.Peer], as_json: bool, verb: str | None) -
 @handles_errors
 def conflicts_cmd(ctx: click.Context, as_json: bool, limit: int) -> None:
     """Divergence found while applying remote ops (never overwritten, never silent)."""
-    with open_store(ctx) as store:
+    with open_store(ctx, read_only=True) as store:
         rows = store.list_conflicts(limit)
     _print_ledger(rows, as_json, "conflicts", "detected_at")
 
@@ -291,7 +302,7 @@ def conflicts_cmd(ctx: click.Context, as_json: bool, limit: int) -> None:
 @handles_errors
 def quarantine_cmd(ctx: click.Context, as_json: bool, limit: int) -> None:
     """Remote ops refused by validation, kept verbatim with the reason."""
-    with open_store(ctx) as store:
+    with open_store(ctx, read_only=True) as store:
         rows = store.list_quarantine(limit)
     _print_ledger(rows, as_json, "quarantined", "received_at")
 

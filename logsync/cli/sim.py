@@ -116,7 +116,7 @@ def owed(ctx: click.Context, agent: str, as_json: bool) -> None:
     """Asks this agent still owes a reply to (RFC 003 §3.3, ordered by HLC)."""
     if not agent.strip():
         fail("--agent must name an agent, e.g. pi@laptop", as_json)
-    with open_store(ctx) as store:
+    with open_store(ctx, read_only=True) as store:
         items = views.owed(store.iter_events(), agent)
     if as_json:
         emit_json({"agent": agent, "owed": items, "count": len(items)})
@@ -136,7 +136,7 @@ def owed(ctx: click.Context, agent: str, as_json: bool) -> None:
 @handles_errors
 def claims(ctx: click.Context, correlation_id: str, as_json: bool) -> None:
     """Claims on a correlation id and the winner: the earliest claim by HLC (R3)."""
-    with open_store(ctx) as store:
+    with open_store(ctx, read_only=True) as store:
         result = views.claims(store.iter_events(), correlation_id)
     if as_json:
         emit_json(result | {"count": len(result["claims"])})
@@ -157,7 +157,7 @@ def claims(ctx: click.Context, correlation_id: str, as_json: bool) -> None:
 @handles_errors
 def presence(ctx: click.Context, as_json: bool) -> None:
     """Every agent and the newest event it wrote, by HLC (R5)."""
-    with open_store(ctx) as store:
+    with open_store(ctx, read_only=True) as store:
         seen = views.presence(store.iter_events())
     if as_json:
         emit_json({"agents": list(seen.values()), "count": len(seen)})

@@ -1,0 +1,176 @@
+"""Connection-level limits for the uvicorn server, and the checks `serve` runs before it.
+
+uvicorn (0.54) has a keep-alive timeout but no bound on how long a client may take to
+send its request head, and its ``limit_concurrency`` counts *open connections* as well as
+requests in flight, so a thousand idle sockets would turn every request into a 503.
+``GuardedH11Protocol`` fixes both for our server:
+
+- a connection that has not completed its request head ``HEADER_TIMEOUT_S`` after it
+  opened (or after it started the next head on a kept-alive connection) is closed;
+- ``limit_concurrency`` counts requests in flight only (uvicorn answers 503 beyond it);
+- a connection beyond ``max_connections()`` is closed the moment it is accepted, so the
+  process keeps file descriptors for the clients that do talk.
+
+``listen_socket`` and ``check_tls`` turn a port in use or a TLS pair that cannot be
+loaded into one ``ConfigError`` sentence before anything is printed or served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import resource
+import socket
+import ssl
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from logsync.errors import ConfigError
+
+logger = logging.getLogger("logsync.server")
+
+HEADER_TIMEOUT_S = 10.0
+KEEP_ALIVE_S = 5
+LIMIT_CONCURRENCY = 256  # requests in flight; uvicorn answers 503 beyond it
+MAX_INCOMPLETE_EVENT_BYTES = 16 * 1024  # a request head larger than this is a 400
+BACKLOG = 2048
+CONNECTION_CEILING = 8192
+FD_RESERVE = 64  # descriptors kept for the store, logs and outgoing pulls
+
+
+def max_connections() -> int:
+    """Open connections we accept: 8192, or fewer when the fd limit is lower."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return CONNECTION_CEILING
+    if soft == resource.RLIM_INFINITY:
+        return CONNECTION_CEILING
+    return max(16, min(CONNECTION_CEILING, soft - FD_RESERVE))
+
+
+class _NoConnections:
+    """Stands in for the connection set while uvicorn applies ``limit_concurrency``."""
+
+    def __len__(self) -> int:
+        return 0
+
+
+_NO_CONNECTIONS = _NoConnections()
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a request-head deadline and a connection ceiling."""
+
+    header_timeout_s = HEADER_TIMEOUT_S
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > max_connections():
+            logger.warning("connection refused: %d connections are open, the maximum",
+                           len(self.connections) - 1)
+            transport.abort()
+            return
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self._arm_head_timer()  # a head begun (or not yet complete): it has a deadline
+        else:
+            self._cancel_head_timer()
+
+    def handle_events(self) -> None:
+        # uvicorn compares len(self.connections) with limit_concurrency too; idle sockets
+        # must not turn requests into 503s, so only requests in flight (tasks) count.
+        self.connections = _NO_CONNECTIONS  # type: ignore[assignment]
+        try:
+            super().handle_events()
+        finally:
+            self.connections = self.server_state.connections
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._cancel_head_timer()  # the keep-alive timer governs the idle gap
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            logger.debug("closing a connection that sent no complete request head in %g s",
+                         self.header_timeout_s)
+            self.transport.close()
+
+
+def uvicorn_limits() -> dict[str, Any]:
+    """The ``uvicorn.Config`` keywords that bound connections and request heads."""
+    return {
+        "http": GuardedH11Protocol,
+        "limit_concurrency": LIMIT_CONCURRENCY,
+        "timeout_keep_alive": KEEP_ALIVE_S,
+        "h11_max_incomplete_event_size": MAX_INCOMPLETE_EVENT_BYTES,
+        "backlog": BACKLOG,
+    }
+
+
+def listen_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
+    """Bind and listen now, so a port in use is one sentence before anything is served."""
+    where = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(backlog)
+        sock.set_inheritable(True)
+    except socket.gaierror as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {where}: the host does not resolve ({exc.strerror})"
+                          ) from None
+    except OSError as exc:
+        sock.close()
+        reason = "address already in use" if exc.errno == errno.EADDRINUSE else (
+            (exc.strerror or str(exc)).lower())
+        raise ConfigError(f"cannot listen on {where}: {reason}") from None
+    return sock
+
+
+def check_tls(cert: str | None, key: str | None) -> None:
+    """Load the certificate and key once, so a bad pair is one sentence, not a traceback."""
+    if not cert or not key:
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        reason = exc.reason or exc.strerror or str(exc)
+        hint = {
+            "KEY_VALUES_MISMATCH": f"the key {key} does not match it",
+            "PEM_LIB": f"it or the key {key} is not a PEM file",
+            "NO_START_LINE": f"it or the key {key} is not a PEM file",
+        }.get(str(reason), str(reason).lower().replace("_", " "))
+        raise ConfigError(f"TLS certificate {cert} cannot be used: {hint}") from None
+    except OSError as exc:
+        raise ConfigError(
+            f"TLS certificate {cert} cannot be used: {exc.filename or key}: "
+            f"{(exc.strerror or str(exc)).lower()}"
+        ) from None
