@@ -30,6 +30,16 @@ Rules of a round:
    when the store stops it (quarantine, id collision). A full valid page
    advances origin_seq by at least `limit`, so an origin takes at most
    ceil((theirs - ours) / limit) + 1 pages: a lying vector cannot loop us.
+6. A fault stays with its origin (invariant 9): a page-level error for one
+   origin (a malformed or lying page, a 4xx/5xx or a reset on its request)
+   stops that origin for this round with the reason in its `OriginProgress`
+   (`failed`), and the round goes on with the others. An answer too large to
+   take (`PeerTooLargeError`) halves that origin's page size and asks again,
+   down to one op. A 401/403 or a local store fault ends the round, and so do
+   `TRANSIENT_ORIGINS_TO_GIVE_UP` transient failures in a row (the peer is gone).
+7. Everything is bounded: vector entries above `MAX_SEQ` skip their origin, and
+   a round applies at most `max_ops` ops (`capped`: the rest next round), so a
+   peer serving valid pages forever cannot hold a round open.
 
 Extensions are additive and negotiated (wire owned by `logsync/server.py`): a
 peer advertises them under `ADVERTISEMENT_KEY` in its version_vector answer,
@@ -47,7 +57,17 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from logsync.errors import PeerError, PeerProtocolError, ValidationError, shorten
+from logsync.errors import (
+    PeerAuthError,
+    PeerError,
+    PeerProtocolError,
+    PeerTooLargeError,
+    PeerTransientError,
+    StoreError,
+    ValidationError,
+    shorten,
+)
+from logsync.model import MAX_SEQ
 from logsync.replica import is_replica_id
 
 UPSTREAM_PAGE_LIMIT = 500
@@ -55,6 +75,8 @@ UPSTREAM_PAGE_LIMIT = 500
 # bounded by this many pages, not by the backlog).
 FIRST_PAGES_AT_ONCE = 4
 LARGE_PAGE_CEILING = 5000
+MAX_OPS_PER_ROUND = 250_000  # a round ends after this many ops; the next round goes on
+TRANSIENT_ORIGINS_TO_GIVE_UP = 3
 
 ADVERTISEMENT_KEY = "logsync"
 EXT_MSGPACK = "msgpack"
@@ -70,6 +92,8 @@ STOP_CAUGHT_UP = "caught up"
 STOP_EMPTY = "peer served no ops although its vector promised more"
 STOP_SHORT = "peer served a short page before reaching its promised vector entry"
 STOP_STORE = "store stopped this origin"
+STOP_FAILED = "failed"
+STOP_CAPPED = "round op cap reached; the rest next round"
 
 
 class StoreLike(Protocol):
@@ -79,6 +103,8 @@ class StoreLike(Protocol):
     def replica_id(self) -> str: ...
 
     def version_vector(self) -> dict[str, int]: ...
+
+    def own_seen_top(self) -> int: ...
 
     def missing_artifacts(self, ids: Iterable[str]) -> list[str]: ...
 
@@ -190,34 +216,34 @@ def _split_vector(
     vector: dict[str, int] = {}
     skipped: dict[str, str] = {}
     for origin, top in raw.items():
-        if not _is_count(top):
-            raise PeerProtocolError(
-                f"{where} has version_vector[{shorten(origin)}]={shorten(top)}; "
-                "expected a non-negative integer",
-                peer=peer,
-            )
-        if is_replica_id(origin):
-            vector[origin] = top
+        if not is_replica_id(origin):
+            skipped[str(origin)[:80]] = "origin is not a replica id ('rep_' and 12 or 32 hex)"
+        elif not _is_count(top) or top > MAX_SEQ:
+            skipped[origin] = (f"version_vector entry {shorten(top)} is not an integer "
+                               f"in 0..2**62")
         else:
-            skipped[origin] = "origin is not a replica id ('rep_' and 12 or 32 hex)"
+            vector[origin] = top
     return vector, skipped
 
 
 def missing_ranges(
-    local: Mapping[str, int], remote: Mapping[str, int], own: str
+    local: Mapping[str, int], remote: Mapping[str, int], own: str, own_seen: int = 0
 ) -> list[tuple[str, int, int]]:
     """(origin, after, top) for every origin the peer holds more of.
 
-    That includes our own origin only when the peer holds more of it than we do:
-    this palace was restored from an older copy (or cloned). Then the whole of our
-    own origin is compared from the start, once: ops we lost come back (the store
-    records them as `restored_replica`), and any slot we re-used since the restore
-    is found as a recorded `fork` rather than staying silently different.
+    That includes our own origin only when the peer holds more of it than we have
+    ever seen (`own_seen`: held, or refused as forged): this palace was restored
+    from an older copy (or cloned). Then the whole of our own origin is compared
+    from the start, once: ops we lost come back (the store records them as
+    `restored_replica`), and any slot we re-used since the restore is found as a
+    recorded `fork` rather than staying silently different. A slot already seen
+    and refused does not start that comparison again on every round.
     """
     ranges = []
     for origin in sorted(remote):
         held = int(local.get(origin, 0))
-        if remote[origin] > held:
+        seen = max(held, own_seen) if origin == own else held
+        if remote[origin] > seen:
             ranges.append((origin, 0 if origin == own else held, remote[origin]))
     return ranges
 
@@ -238,6 +264,11 @@ class OriginProgress:
     artifacts: int = 0
     artifacts_missing: int = 0
     stop_reason: str = ""
+    error_kind: str | None = None  # set when the origin failed this round (rule 6)
+
+    @property
+    def failed(self) -> bool:
+        return self.error_kind is not None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -261,6 +292,17 @@ class RoundReport:
     local_vector_after: dict[str, int] = field(default_factory=dict)
     requests: int = 0
     bytes_received: int = 0
+    ops_budget: int = MAX_OPS_PER_ROUND
+    transient_streak: int = 0
+
+    @property
+    def capped(self) -> bool:
+        """The round stopped at its op cap: more is owed right away."""
+        return any(p.stop_reason == STOP_CAPPED for p in self.origins.values())
+
+    def failed_origins(self) -> dict[str, str]:
+        """Origins that failed this round (rule 6), with the reason."""
+        return {o: p.stop_reason for o, p in self.origins.items() if p.failed}
 
     def total(self, name: str) -> int:
         """Sum of one OriginProgress counter over all origins."""
@@ -314,6 +356,7 @@ class RoundReport:
             "totals": totals,
             "requests": self.requests,
             "bytes_received": self.bytes_received,
+            "failed_origins": self.failed_origins(),
         }
 
 
@@ -344,16 +387,22 @@ def pull_round(
     _fill_header(report, remote, ext)
     report.local_vector_before = dict(store.version_vector())
     limit = _effective_limit(page_limit, ext)
-    ranges = missing_ranges(report.local_vector_before, remote.vector, store.replica_id)
+    ranges = missing_ranges(report.local_vector_before, remote.vector, store.replica_id,
+                            store.own_seen_top())
     group = FIRST_PAGES_AT_ONCE if batch_artifacts else 1
     for start in range(0, len(ranges), group):
         chunk = [OriginProgress(origin=o, start=a, target=t, reached=a)
                  for o, a, t in ranges[start : start + group]]
         report.origins.update((p.origin, p) for p in chunk)
         firsts: list[Any] = [None] * len(chunk)
-        if len(chunk) > 1:
+        if len(chunk) > 1 and report.ops_budget > 0:
             report.requests += len(chunk)
-            firsts = yield Batch(tuple(_page_request(p, ext, limit) for p in chunk))
+            try:
+                firsts = yield Batch(tuple(_page_request(p, ext, limit) for p in chunk))
+            except ORIGIN_SCOPED_ERRORS:
+                # One origin's first page failed: ask each on its own, so the failure
+                # stays with that origin (rule 6).
+                firsts = [None] * len(chunk)
         for progress, first in zip(chunk, firsts, strict=True):
             yield from pull_origin(store, peer, progress, ext, limit, batch_artifacts, report,
                                    first=first)
@@ -461,25 +510,74 @@ def pull_origin(
     first: Any = None,
 ) -> Generator[Step, Any, OriginProgress]:
     """Pull one origin from `progress.reached` up to `progress.target`, page by page.
-    `first` is the answer to the first page when the caller already fetched it."""
+    `first` is the answer to the first page when the caller already fetched it.
+    A page-level fault stops only this origin (rule 6)."""
     while not progress.stop_reason:
-        if first is not None:
-            answer, first = first, None
-        else:
-            report.requests += 1
-            answer = yield _page_request(progress, ext, limit)
-        events, inline = check_page(answer, peer, progress.origin, progress.reached, limit,
-                                    inline_asked=ext.inline_artifacts)
-        progress.pages += 1
-        if not events:
-            progress.stop_reason = _stop_reason_for_empty(progress)
+        if report.ops_budget <= 0:
+            progress.stop_reason = STOP_CAPPED
             break
-        artifacts = yield from obtain_artifacts(store, peer, events, inline, ext, progress,
-                                                batch_artifacts, report)
-        _apply_page(store, peer, events, artifacts, progress)
+        asked = min(limit, report.ops_budget)
+        try:
+            if first is not None:
+                answer, first = first, None
+                asked = limit
+            else:
+                report.requests += 1
+                answer = yield _page_request(progress, ext, asked)
+            events, inline = check_page(answer, peer, progress.origin, progress.reached,
+                                        asked, inline_asked=ext.inline_artifacts)
+            progress.pages += 1
+            if not events:
+                progress.stop_reason = _stop_reason_for_empty(progress)
+                break
+            artifacts = yield from obtain_artifacts(store, peer, events, inline, ext, progress,
+                                                    batch_artifacts, report)
+            _apply_page(store, peer, events, artifacts, progress)
+        except PeerTooLargeError as exc:
+            if limit > 1:
+                limit = max(1, limit // 2)  # ask again for less
+                continue
+            _origin_failed(progress, report, exc)
+            break
+        except ORIGIN_SCOPED_ERRORS as exc:
+            _origin_failed(progress, report, exc)
+            break
+        report.transient_streak = 0
+        report.ops_budget -= len(events)
         if not progress.stop_reason:
-            progress.stop_reason = _stop_reason_after_page(progress, len(events), limit)
+            progress.stop_reason = _stop_reason_after_page(progress, len(events), asked)
     return progress
+
+
+# A peer's fault on one origin's request or page; `_origin_failed` sends auth (and a
+# run of transient failures) on to the round. Local store faults are not peer errors.
+ORIGIN_SCOPED_ERRORS = (PeerError,)
+
+
+def _origin_failed(progress: OriginProgress, report: RoundReport, exc: PeerError) -> None:
+    """Rule 6: record the origin's failure; re-raise what belongs to the whole round."""
+    if isinstance(exc, PeerAuthError):
+        raise exc
+    if isinstance(exc, PeerTransientError):
+        report.transient_streak += 1
+        if report.transient_streak >= TRANSIENT_ORIGINS_TO_GIVE_UP:
+            raise exc
+    progress.error_kind = error_kind(exc)
+    progress.stop_reason = f"{STOP_FAILED}: {exc}"
+
+
+def error_kind(error: BaseException) -> str:
+    """The kind of a fault, one word for state, status and metrics: `auth`, `transport`,
+    `protocol`, `store` or `internal` (a bug of ours)."""
+    if isinstance(error, PeerAuthError):
+        return "auth"
+    if isinstance(error, PeerTransientError):
+        return "transport"
+    if isinstance(error, PeerError):
+        return "protocol"
+    if isinstance(error, StoreError):
+        return "store"
+    return "internal"
 
 
 def _stop_reason_for_empty(progress: OriginProgress) -> str:
@@ -490,6 +588,7 @@ def _stop_reason_after_page(progress: OriginProgress, served: int, limit: int) -
     if progress.reached >= progress.target:
         return STOP_CAUGHT_UP
     return STOP_SHORT if served < limit else ""
+
 
 
 def check_page(

@@ -14,6 +14,7 @@ retried (STYLE.md §6)::
         ├── PeerAuthError                   401/403: wrong or missing token (not retried)
         ├── PeerRequestError                other 4xx (not retried)
         └── PeerProtocolError               malformed or lying answers (not retried)
+            └── PeerTooLargeError           an answer past a size/item bound: ask for less
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ class PeerRequestError(PeerError):
 
 class PeerProtocolError(PeerError):
     """The peer's answer is malformed, oversize, or contradicts itself."""
+
+
+class PeerTooLargeError(PeerProtocolError):
+    """The answer passed a byte or item bound; a smaller page may pass (the engine halves)."""
 
 
 def shorten(value: object, limit: int = 60) -> str:

@@ -318,6 +318,19 @@ def test_an_op_claiming_our_origin_with_a_stamp_beyond_the_drift_bound_is_a_conf
     )
     assert conflict["local"] is None and conflict["remote"] == forged
     assert store.version_vector() == {me: 1}
+    # Finding 14: the peer holds slot 2 for us, so our next op must not re-use it (it
+    # would reach no one); and the refused slot does not restart recovery every round.
+    assert store.own_seen_top() == 2
+    assert store.append_event("task.note", "proj", "general", "lead")["origin_seq"] == 3
+
+
+def test_a_refused_slot_far_beyond_our_top_does_not_burn_the_counter(
+    store: Store, remote: RemoteKit, clock: FakeClock
+) -> None:
+    me = store.replica_id
+    store.append_event("task.note", "proj", "general", "lead")
+    store.apply_remote([remote.op(me, 2**62, ms=clock.ms + 3_600_000)])
+    assert store.list_conflicts()[0]["kind"] == "forged_origin"
     assert store.append_event("task.note", "proj", "general", "lead")["origin_seq"] == 2
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logsync import engine
-from logsync.engine import Batch, PullSchedule, Request, RoundReport, drive, pull_round
+from logsync.engine import (
+    TRANSIENT_ORIGINS_TO_GIVE_UP,
+    Batch,
+    PullSchedule,
+    Request,
+    RoundReport,
+    drive,
+    pull_round,
+)
 from logsync.errors import (
     ConfigError,
     PeerProtocolError,
+    PeerTooLargeError,
     PeerTransientError,
     ValidationError,
 )
@@ -100,6 +111,15 @@ def comparable(store: Store) -> dict[str, dict]:
 
 def pull(store: Store, peer: Callable[[Request], Any], **options: Any) -> RoundReport:
     return drive(pull_round(store, "peer-a", **options), peer)
+
+
+def origin_failure(report: RoundReport, origin: str, pattern: str) -> str:
+    """Rule 6: the origin failed alone, with a reason matching `pattern`; the round ended."""
+    progress = report.origins[origin]
+    assert progress.failed and progress.error_kind == "protocol", progress
+    assert re.search(pattern, progress.stop_reason), progress.stop_reason
+    assert report.failed_origins() == {origin: progress.stop_reason}
+    return progress.stop_reason
 
 
 @pytest.fixture
@@ -239,8 +259,7 @@ def test_page_that_does_not_advance_is_rejected_and_loop_ends(stores):
             request = Request(request.path, {**request.params, "after": 0})
         return honest(request)
 
-    with pytest.raises(PeerProtocolError, match="peer-a.*origin_seq=1.*above 2"):
-        pull(b, stuck, page_limit=2)
+    origin_failure(pull(b, stuck, page_limit=2), a.replica_id, "peer-a.*origin_seq=1.*above 2")
     assert b.version_vector() == {a.replica_id: 2}
 
 
@@ -263,10 +282,9 @@ def test_op_of_another_origin_rejects_the_whole_page(stores):
     def forge(events: list[dict]) -> None:
         events[2]["origin_replica"] = c.replica_id
 
-    with pytest.raises(PeerProtocolError, match="events\\[2\\] of origin") as caught:
-        pull(b, mutate_page(a, forge))
-    assert caught.value.peer == "peer-a"
-    assert "nothing of it was stored" in str(caught.value)
+    reason = origin_failure(pull(b, mutate_page(a, forge)), a.replica_id,
+                            "peer peer-a: .*events\\[2\\] of origin")
+    assert "nothing of it was stored" in reason
     assert b.counts()["events"] == 0
 
 
@@ -284,8 +302,7 @@ def test_op_of_another_origin_rejects_the_whole_page(stores):
 def test_bad_sequence_rejects_the_page_with_nothing_stored(stores, change):
     a, b = stores["a"], stores["b"]
     append(a, 3)
-    with pytest.raises(PeerProtocolError):
-        pull(b, mutate_page(a, change))
+    origin_failure(pull(b, mutate_page(a, change)), a.replica_id, "nothing of it was stored")
     assert b.counts()["events"] == 0
 
 
@@ -299,8 +316,7 @@ def test_page_longer_than_asked_is_rejected(stores):
             request = Request(request.path, {**request.params, "limit": 500})
         return honest(request)
 
-    with pytest.raises(PeerProtocolError, match="holds 5 ops but at most 2"):
-        pull(b, generous, page_limit=2)
+    origin_failure(pull(b, generous, page_limit=2), a.replica_id, "holds 5 ops but at most 2")
     assert b.counts()["events"] == 0
 
 
@@ -310,18 +326,31 @@ def test_page_longer_than_asked_is_rejected(stores):
         (["not", "a", "dict"], "answered list, not an object"),
         ({"replica_id": "bob", "version_vector": {}}, "replica_id='bob'"),
         ({"replica_id": "rep_" + "a" * 32}, "version_vector=None"),
-        ({"replica_id": "rep_" + "a" * 32, "version_vector": {"rep_" + "b" * 32: -1}},
-         "=-1; expected a non-negative integer"),
-        ({"replica_id": "rep_" + "a" * 32, "version_vector": {"rep_" + "b" * 32: "7"}},
-         "='7'"),
-        ({"replica_id": "rep_" + "a" * 32, "version_vector": {"rep_" + "b" * 32: False}},
-         "=False"),
     ],
 )
 def test_malformed_vector_answer_names_peer_and_problem(stores, answer, problem):
     with pytest.raises(PeerProtocolError, match="peer-a") as caught:
         pull(stores["b"], lambda request: answer)
     assert problem in str(caught.value)
+
+
+@pytest.mark.parametrize("entry", [-1, "7", False, 1.5, None, 2**62 + 1, 2**63, 2**64 - 1])
+def test_a_bad_vector_entry_skips_its_origin_not_the_round(stores, entry):
+    """Finding 1/8: one origin's entry (2**64-1 overflowed SQL) no longer fails the round."""
+    a, b = stores["a"], stores["b"]
+    append(a, 2)
+    honest = FakePeer(a)
+    bad = "rep_" + "b" * 32
+
+    def odd(request: Request) -> Any:
+        answer = honest(request)
+        if request.path == "/sync/version_vector":
+            answer["version_vector"][bad] = entry
+        return answer
+
+    report = pull(b, odd)
+    assert report.applied == 2 and "0..2**62" in report.skipped_origins[bad]
+    assert all(r.params["origin"] != bad for r in honest.ops_requests())
 
 
 def test_origin_that_is_not_a_replica_id_is_skipped_not_fatal(stores):
@@ -351,14 +380,17 @@ def test_store_refusing_a_page_becomes_a_protocol_error_naming_the_peer(stores):
         def version_vector(self):
             return {}
 
+        def own_seen_top(self):
+            return 0
+
         def missing_artifacts(self, ids):
             return list(ids)
 
         def apply_remote(self, events, artifacts):
             raise ValidationError("events[0].body is 300000 bytes: the maximum is 262144")
 
-    with pytest.raises(PeerProtocolError, match="peer-a: page for origin .* refused by the store"):
-        drive(pull_round(Refusing(), "peer-a"), FakePeer(a))
+    report = drive(pull_round(Refusing(), "peer-a"), FakePeer(a))
+    origin_failure(report, a.replica_id, "peer-a: page for origin .* refused by the store")
 
 
 # ── artifacts ───────────────────────────────────────────────────────
@@ -374,6 +406,9 @@ class RecordingStore:
 
     def version_vector(self):
         return self.store.version_vector()
+
+    def own_seen_top(self):
+        return self.store.own_seen_top()
 
     def missing_artifacts(self, ids):
         return self.store.missing_artifacts(ids)
@@ -471,8 +506,7 @@ def test_malformed_artifact_answer_is_a_protocol_error(stores):
             return {"artifact": {"id": "art_someone_else"}}
         return honest(request)
 
-    with pytest.raises(PeerProtocolError, match="expected {'artifact'"):
-        pull(b, wrong)
+    origin_failure(pull(b, wrong), a.replica_id, "expected {'artifact'")
     assert b.counts() == {"events": 0, "artifacts": 0, "conflicts": 0, "quarantined": 0}
 
 
@@ -584,13 +618,13 @@ def test_page_limit_must_be_positive(stores):
         pull(b, FakePeer(a), page_limit=0)
 
 
-def test_errors_thrown_in_propagate_and_keep_partial_progress(stores):
+def test_errors_thrown_in_stop_their_origin_and_keep_partial_progress(stores):
     a, b, c = stores["a"], stores["b"], stores["c"]
     append(c, 2)
     pull(a, FakePeer(c))
     append(a, 2)
     honest = FakePeer(a)
-    first_origin = sorted([a.replica_id, c.replica_id])[0]
+    first_origin, second = sorted([a.replica_id, c.replica_id])
 
     def flaky(request: Request) -> Any:
         if request.path == "/sync/ops" and request.params["origin"] != first_origin:
@@ -598,9 +632,89 @@ def test_errors_thrown_in_propagate_and_keep_partial_progress(stores):
         return honest(request)
 
     report = RoundReport(peer="peer-a")
-    with pytest.raises(PeerTransientError):
-        drive(pull_round(b, "peer-a", report=report), flaky)
+    drive(pull_round(b, "peer-a", report=report), flaky)
     assert report.applied == 2 and b.version_vector() == {first_origin: 2}
+    assert report.origins[second].error_kind == "transport"
+    assert pull(b, FakePeer(a)).applied == 2
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_failing_origin_that_sorts_first_does_not_stop_the_others(stores, batch):
+    """Finding 8: a bad origin first in order used to fail the whole round."""
+    a, b, c = stores["a"], stores["b"], stores["c"]
+    append(c, 3)
+    pull(a, FakePeer(c))
+    append(a, 3)
+    honest = FakePeer(a)
+    first_origin, second = sorted([a.replica_id, c.replica_id])
+
+    def broken_first(request: Request) -> Any:
+        if request.path == "/sync/ops" and request.params["origin"] == first_origin:
+            raise PeerTransientError("peer-a: GET /sync/ops answered 500", peer="peer-a")
+        return honest(request)
+
+    report = drive(pull_round(b, "peer-a", batch_artifacts=batch), broken_first)
+    assert report.origins[second].applied == 3
+    assert report.origins[first_origin].error_kind == "transport"
+    assert b.version_vector() == {second: 3}
+
+
+def test_transient_failures_in_a_row_end_the_round(stores):
+    """A peer that went away mid-round: after a few origins, stop asking."""
+    a, b = stores["a"], stores["b"]
+    origins = [f"rep_{n:032x}" for n in range(1, 6)]
+
+    def gone(request: Request) -> Any:
+        if request.path == "/sync/version_vector":
+            return {"replica_id": a.replica_id, "version_vector": dict.fromkeys(origins, 3)}
+        raise PeerTransientError("peer-a: connection refused", peer="peer-a")
+
+    report = RoundReport(peer="peer-a")
+    with pytest.raises(PeerTransientError):
+        drive(pull_round(b, "peer-a", report=report), gone)
+    assert sum(p.failed for p in report.origins.values()) == TRANSIENT_ORIGINS_TO_GIVE_UP - 1
+
+
+def test_an_answer_too_large_halves_the_page_until_it_passes(stores):
+    """Finding 7: a page past the client's byte cap was refused forever."""
+    a, b = stores["a"], stores["b"]
+    append(a, 9)
+    honest = FakePeer(a)
+    asked: list[int] = []
+
+    def capped(request: Request) -> Any:
+        if request.path == "/sync/ops":
+            asked.append(request.params["limit"])
+            if request.params["limit"] > 2:
+                raise PeerTooLargeError("peer-a: answer larger than the cap", peer="peer-a")
+        return honest(request)
+
+    report = pull(b, capped, page_limit=8)
+    assert report.applied == 9 and not report.failed_origins()
+    assert asked[:3] == [8, 4, 2] and set(asked[3:]) == {2}
+
+
+def test_an_answer_too_large_even_for_one_op_fails_only_its_origin(stores):
+    a, b = stores["a"], stores["b"]
+    append(a, 2)
+
+    def never(request: Request) -> Any:
+        if request.path == "/sync/ops":
+            raise PeerTooLargeError("peer-a: answer larger than the cap", peer="peer-a")
+        return FakePeer(a)(request)
+
+    report = pull(b, never, page_limit=4)
+    assert report.origins[a.replica_id].failed and b.counts()["events"] == 0
+
+
+def test_a_round_applies_at_most_its_op_budget(stores, monkeypatch):
+    """Finding 9: a peer serving valid pages forever held the round open."""
+    a, b = stores["a"], stores["b"]
+    append(a, 7)
+    report = RoundReport(peer="peer-a", ops_budget=5)
+    drive(pull_round(b, "peer-a", page_limit=2, report=report), FakePeer(a))
+    assert report.applied == 5 and report.capped
+    assert b.version_vector() == {a.replica_id: 5}
     assert pull(b, FakePeer(a)).applied == 2
 
 
@@ -899,3 +1013,25 @@ def test_a_full_round_fetches_first_pages_of_several_origins_side_by_side(stores
     assert all(r.path == "/sync/ops" for s in batches for r in s.requests)
     assert report.applied == 15 and b.version_vector() == a.version_vector()
     assert comparable(b) == comparable(a)
+
+
+def test_a_forged_far_future_op_of_ours_is_compared_once_not_every_round(stores):
+    """Finding 12: restore recovery re-pulled our whole origin from 0 on every round."""
+    a, b = stores["a"], stores["b"]
+    append(b, 3)
+    pull(a, FakePeer(b))
+    stamp = f"{int(time.time() * 1000) + 10**10:013d}-000000-{b.replica_id}"
+    forged = {**b.list_ops(b.replica_id, 0, 1)[0], "id": "evt_forged", "origin_seq": 9,
+              "hlc": stamp, "seq": 99}
+    a._writer.execute(  # what a hostile peer holds under our origin
+        "INSERT INTO events (id, type, stream, room, from_agent, body, created_at, "
+        "metadata_json, origin_replica, origin_seq, hlc) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        (forged["id"], forged["type"], forged["stream"], forged["room"], forged["from_agent"],
+         "", forged["created_at"], "{}", b.replica_id, 9, stamp))
+    peer = FakePeer(a)
+    first = pull(b, peer)
+    assert first.conflicts == 1 and b.list_conflicts()[0]["kind"] == "forged_origin"
+    asked_before = len(peer.ops_requests())
+    second = pull(b, peer)
+    assert len(peer.ops_requests()) == asked_before and not second.origins
+    assert b.append_event("task.note", "s", "r", "lead")["origin_seq"] == 10

@@ -72,6 +72,9 @@ class StoreView:
     def version_vector(self) -> dict[str, int]:
         return self._node.stored_vector()
 
+    def own_seen_top(self) -> int:
+        return self._node.store_or_fail().own_seen_top()
+
     def missing_artifacts(self, ids: Iterable[str]) -> list[str]:
         return self._node.store_or_fail().missing_artifacts(ids)
 

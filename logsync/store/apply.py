@@ -342,6 +342,26 @@ class _Applier:
             state.max_hlc = row["hlc"]
 
 
+# How far past our own top a slot refused as forged may push our counter. A restored
+# palace is rarely a million ops behind; a larger jump is a forgery meant to burn the
+# counter (it stays recorded as a conflict either way).
+MAX_SLOT_SKIP = 1_000_000
+REFUSED_OWN_TOP_SQL = (
+    "SELECT coalesce(max(origin_seq), 0) FROM logsync_conflicts "
+    "WHERE origin_replica = ? AND kind = 'forged_origin'"
+)
+
+
+def next_own_seq(conn: sqlite3.Connection, replica_id: str, top: int) -> int:
+    """The origin_seq of our next local op: above everything we hold and above any slot of
+    ours a peer holds that we refused (a far-future stamp), so a new op never re-uses a
+    slot the fleet already has (it would reach no one)."""
+    refused = int(conn.execute(REFUSED_OWN_TOP_SQL, (replica_id,)).fetchone()[0])
+    if top < refused <= top + MAX_SLOT_SKIP and refused < model.MAX_SEQ:
+        top = refused
+    return top + 1
+
+
 def _raw_seq(op: Any) -> int | None:
     """The op's origin_seq if it is an integer SQLite can hold (bounded before any SQL)."""
     seq = op.get("origin_seq") if isinstance(op, Mapping) else None
