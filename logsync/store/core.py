@@ -37,7 +37,7 @@ from logsync.errors import (
     shorten,
 )
 from logsync.replica import get_replica_id, read_replica_id
-from logsync.store.apply import ApplyResult, apply_page
+from logsync.store.apply import REFUSED_OWN_TOP_SQL, ApplyResult, apply_page, next_own_seq
 from logsync.store.rows import artifact_dict, chunks, event_dict, ledger_dict
 from logsync.store.schema import (
     FILTER_COLUMNS,
@@ -459,7 +459,7 @@ class Store:
         return self._event_by_id(event_id)
 
     def _insert_local_event(self, conn: sqlite3.Connection, fields: dict[str, Any]) -> str:
-        seq = self._catch_up_clock(conn) + 1
+        seq = next_own_seq(conn, self.replica_id, self._catch_up_clock(conn))
         event_id = self._new_id("evt")
         row = (
             event_id,
@@ -762,6 +762,13 @@ class Store:
             "SELECT rowid, * FROM events WHERE rowid > ? ORDER BY rowid LIMIT ?", (seq, limit)
         )
         return self._attach(rows)
+
+    def own_seen_top(self) -> int:
+        """The highest origin_seq of our own origin we hold or have seen refused."""
+        held = self._read("SELECT coalesce(max(origin_seq), 0) FROM events "
+                          "WHERE origin_replica = ?", (self.replica_id,))
+        refused = self._read(REFUSED_OWN_TOP_SQL, (self.replica_id,))
+        return max(int(held[0][0]), int(refused[0][0]))
 
     def version_vector(self) -> dict[str, int]:
         rows = self._read(
