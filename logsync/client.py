@@ -6,7 +6,15 @@ into the project's own types where it enters (STYLE.md §6):
     connect error, timeout, 5xx, 429      -> PeerTransientError (retried, Retry-After honoured)
     401, 403                              -> PeerAuthError      (never retried)
     other 4xx (404 unless asked for)      -> PeerRequestError   (never retried)
-    bad JSON/msgpack, oversize, redirects -> PeerProtocolError  (never retried)
+    bad JSON/msgpack, redirects           -> PeerProtocolError  (never retried)
+    past the byte cap or a decode bound   -> PeerTooLargeError  (the engine asks for less)
+
+Everything a peer sends is bounded (invariant 10): the body by `max_response_bytes`,
+the time of one request by `request_deadline` (httpx's timeouts are per read, so a
+peer dripping a byte at a time would hold it forever), and decoding by
+`MAX_CONTAINERS` arrays/objects per answer (a 60 MB body of empty arrays decodes to
+gigabytes) and msgpack's own length limits. Decoding runs in a worker thread, so a
+large answer never stalls the event loop (and with it `/healthz`).
 
 Store calls are synchronous SQLite, so every step of the round generator runs
 in a worker thread; the event loop never blocks on the database.
@@ -48,6 +56,7 @@ from logsync.errors import (
     PeerError,
     PeerProtocolError,
     PeerRequestError,
+    PeerTooLargeError,
     PeerTransientError,
     shorten,
 )
@@ -56,6 +65,12 @@ logger = logging.getLogger("logsync.client")
 
 MSGPACK_TYPE = "application/msgpack"
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+# Arrays and objects one answer may hold. A page of 5000 ops with their metadata and
+# artifact lists needs a few tens of thousands; the count is taken over raw bytes (it
+# also counts brackets inside strings), so a page that passes it only in halves is
+# refused as too large and the engine asks for fewer ops.
+MAX_CONTAINERS = 1_000_000
+REQUEST_DEADLINE_S = 120.0
 RETRYABLE_STATUSES = frozenset({429, 503})
 UPSTREAM_CONCURRENCY = 4  # a MemPalace hub drops connections beyond its listen backlog
 OPS_PATH = "/sync/ops"
@@ -82,6 +97,7 @@ class PeerClient:
         max_backoff: float = 10.0,
         max_retry_after: float = 30.0,
         concurrency: int = 8,
+        request_deadline: float = REQUEST_DEADLINE_S,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Sleep | None = None,
     ) -> None:
@@ -92,6 +108,7 @@ class PeerClient:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.max_retry_after = max_retry_after
+        self.request_deadline = request_deadline
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._upstream_limiter = anyio.CapacityLimiter(min(concurrency, UPSTREAM_CONCURRENCY))
         self._sleep = sleep or anyio.sleep
@@ -275,22 +292,29 @@ class PeerClient:
         where = f"peer {self.name}: GET {request.path}"
         headers = {"Accept": MSGPACK_TYPE} if request.accept_msgpack else {}
         try:
-            async with self._http.stream("GET", request.path, params=request.params,
-                                         headers=headers) as response:
-                body = await self._read_capped(response, where)
+            with anyio.fail_after(self.request_deadline):
+                async with self._http.stream("GET", request.path, params=request.params,
+                                             headers=headers) as response:
+                    body = await self._read_capped(response, where)
+        except TimeoutError:
+            raise PeerTransientError(
+                f"{where} did not finish within {self.request_deadline:g} s", peer=self.name
+            ) from None
         except httpx.HTTPError as exc:
             raise _translate_transport(exc, where, self.name) from None
         if response.status_code == 404 and request.missing_ok:
             return None, len(body)
         self._check_status(response, body, where)
-        return _decode(response, body, where, self.name), len(body)
+        ctype = response.headers.get("content-type", "")
+        answer = await anyio.to_thread.run_sync(_decode, ctype, body, where, self.name)
+        return answer, len(body)
 
     async def _read_capped(self, response: httpx.Response, where: str) -> bytes:
         """The body, refusing it as soon as it passes the cap (announced or streamed)."""
         cap = self.max_response_bytes
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > cap:
-            raise PeerProtocolError(
+            raise PeerTooLargeError(
                 f"{where} announced a {declared}-byte answer; the cap is {cap} bytes",
                 peer=self.name,
             )
@@ -299,7 +323,7 @@ class PeerClient:
         async for chunk in response.aiter_bytes():
             size += len(chunk)
             if size > cap:
-                raise PeerProtocolError(
+                raise PeerTooLargeError(
                     f"{where} sent an answer larger than the {cap}-byte cap", peer=self.name
                 )
             chunks.append(chunk)
@@ -438,12 +462,21 @@ def _caused_by_tls(exc: BaseException) -> bool:
     return False
 
 
-def _decode(response: httpx.Response, body: bytes, where: str, peer: str) -> Any:
-    """JSON or msgpack by content type; anything undecodable is the peer's fault."""
-    ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+def _decode(content_type: str, body: bytes, where: str, peer: str) -> Any:
+    """JSON or msgpack by content type, within bounds; anything undecodable is the peer's
+    fault. Runs in a worker thread."""
+    ctype = content_type.split(";")[0].strip().lower()
+    packed = ctype in (MSGPACK_TYPE, "application/x-msgpack")
+    if ctype in ("application/json", "") or packed:
+        containers = count_containers(body, packed)
+        if containers > MAX_CONTAINERS:
+            raise PeerTooLargeError(
+                f"{where} sent an answer with up to {containers} arrays or objects; "
+                f"the bound is {MAX_CONTAINERS}", peer=peer)
     try:
-        if ctype in (MSGPACK_TYPE, "application/x-msgpack"):
-            return msgpack.unpackb(body, raw=False)
+        if packed:
+            return msgpack.unpackb(body, raw=False, max_array_len=MAX_CONTAINERS,
+                                   max_map_len=MAX_CONTAINERS)
         if ctype in ("application/json", ""):
             return json.loads(body)
     except (ValueError, RecursionError, msgpack.UnpackException) as exc:
@@ -458,14 +491,27 @@ def _decode(response: httpx.Response, body: bytes, where: str, peer: str) -> Any
     )
 
 
+_MSGPACK_CONTAINER_BYTES = [bytes([b]) for b in (*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF)]
+
+
+def count_containers(body: bytes, packed: bool) -> int:
+    """An upper bound on the arrays and objects a body decodes to, at C speed: `[` and `{`
+    in JSON; in msgpack, every byte that could start an array or a map."""
+    if not packed:
+        return body.count(b"[") + body.count(b"{")
+    return sum(body.count(marker) for marker in _MSGPACK_CONTAINER_BYTES)
+
+
 def _error_text(body: bytes) -> str:
     """The peer's `{"error": ...}` sentence if it sent one, cut to one line."""
+    if len(body) > 64 * 1024:  # an error sentence is short; never decode a bomb here
+        return ""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):
         return ""
     if isinstance(data, dict) and isinstance(data.get("error"), str):
-        return data["error"][:200]
+        return " ".join(data["error"][:200].split())
     return ""
 
 
@@ -476,6 +522,8 @@ def _check_url(url: object) -> str:
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
         raise ConfigError(f"peer url {shorten(url)} is invalid: expected http(s)://host[:port]")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ConfigError(f"peer url {shorten(url)} is invalid: the port must be 1-65535")
     return str(parsed).rstrip("/")
 
 

@@ -1,0 +1,103 @@
+"""Everything a peer sends the client is bounded (issue 8, findings 4, 7, 10, 11)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import msgpack
+import pytest
+
+from logsync.client import MAX_CONTAINERS, PeerClient, count_containers
+from logsync.engine import Request
+from logsync.errors import ConfigError, PeerTooLargeError, PeerTransientError
+
+URL = "http://peer.test:8000"
+
+
+def fetch(handler: Any, **options: Any) -> Any:
+    async def go() -> Any:
+        async with PeerClient(URL, transport=httpx.MockTransport(handler), attempts=1,
+                              **options) as client:
+            return await client.fetch(Request("/sync/ops", {"origin": "x"}))
+
+    return anyio.run(go)
+
+
+def test_a_json_bomb_inside_the_byte_cap_is_refused_before_decoding() -> None:
+    """Finding 11: 60 MB of `[[],...]` decoded to 1.56 GB; now refused as too large."""
+    body = b"[" + b"[]," * 20_000_000 + b"[]]"  # 60 MB, under the 64 MiB cap
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    with pytest.raises(PeerTooLargeError, match="arrays or objects"):
+        fetch(lambda r: httpx.Response(200, content=body,
+                                       headers={"content-type": "application/json"}))
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert time.monotonic() - started < 10 and grown_mb < 400
+
+
+def test_a_msgpack_bomb_inside_the_byte_cap_is_refused_before_decoding() -> None:
+    """Finding 11: 60 MB of msgpack 0x90 decoded to 4.3 GB in 41 s."""
+    body = b"\xdd" + (20_000_000).to_bytes(4, "big") + b"\x90" * 20_000_000
+    with pytest.raises(PeerTooLargeError, match="arrays or objects"):
+        fetch(lambda r: httpx.Response(200, content=body,
+                                       headers={"content-type": "application/msgpack"}))
+
+
+def test_an_honest_large_page_is_under_the_container_bound() -> None:
+    page = {"events": [{"metadata": {"a": [1, 2]}, "artifact_ids": []} for _ in range(5000)]}
+    for packed, body in ((False, json.dumps(page).encode()), (True, msgpack.packb(page))):
+        assert count_containers(body, packed) < MAX_CONTAINERS // 10
+
+
+def test_decoding_runs_off_the_event_loop() -> None:
+    """Finding 11: decoding on the loop stalled /healthz for seconds every round."""
+    body = json.dumps({"events": ["x" * 100] * 300_000}).encode()
+    ticks: list[float] = []
+
+    async def go() -> None:
+        async def ticker() -> None:
+            while True:
+                ticks.append(time.monotonic())
+                await anyio.sleep(0.01)
+
+        async with anyio.create_task_group() as tg, PeerClient(
+            URL, transport=httpx.MockTransport(
+                lambda r: httpx.Response(200, content=body,
+                                         headers={"content-type": "application/json"})),
+        ) as client:
+            tg.start_soon(ticker)
+            for _ in range(5):
+                await client.fetch(Request("/sync/ops"))
+            tg.cancel_scope.cancel()
+
+    anyio.run(go)
+    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert len(gaps) > 3 and max(gaps) < 0.25
+
+
+class _Drip(httpx.AsyncByteStream):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for _ in range(1000):
+            yield b" "
+            await anyio.sleep(0.2)
+
+
+def test_a_dripping_answer_ends_at_the_request_deadline() -> None:
+    """Finding 10: a byte every 20 s never tripped httpx's per-read timeout."""
+    started = time.monotonic()
+    with pytest.raises(PeerTransientError, match="did not finish within 0.8 s"):
+        fetch(lambda r: httpx.Response(200, stream=_Drip()), request_deadline=0.8)
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://127.0.0.1:0"])
+def test_a_port_out_of_range_is_a_config_error(url: str) -> None:
+    """Finding 4: port 99999 reached the socket layer as an OverflowError."""
+    with pytest.raises(ConfigError, match="port must be 1-65535"):
+        PeerClient(url)
