@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import re
 import resource
 import socket
 import ssl
@@ -162,12 +163,14 @@ def check_tls(cert: str | None, key: str | None) -> None:
     try:
         context.load_cert_chain(cert, key)
     except ssl.SSLError as exc:
-        reason = exc.reason or exc.strerror or str(exc)
-        hint = {
-            "KEY_VALUES_MISMATCH": f"the key {key} does not match it",
-            "PEM_LIB": f"it or the key {key} is not a PEM file",
-            "NO_START_LINE": f"it or the key {key} is not a PEM file",
-        }.get(str(reason), str(reason).lower().replace("_", " "))
+        text = str(exc.reason or (exc.args[1] if len(exc.args) > 1 else exc))
+        text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", text).strip()
+        if "MISMATCH" in text.upper():
+            hint = f"the key {key} does not match it"
+        elif "PEM" in text.upper() or "NO_START_LINE" in text.upper():
+            hint = f"it or the key {key} is not a PEM file ({text})"
+        else:
+            hint = text
         raise ConfigError(f"TLS certificate {cert} cannot be used: {hint}") from None
     except OSError as exc:
         raise ConfigError(

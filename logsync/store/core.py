@@ -352,7 +352,8 @@ class Store:
         verdict = str(rows[0][0]) if rows else "no answer"
         if verdict == "ok":
             return None
-        return corrupt_sentence(self.db_path, shorten(verdict, 120).strip("'\""))
+        detail = " ".join(verdict.replace("*** in database main ***", "").split())
+        return corrupt_sentence(self.db_path, detail[:120])
 
     def health_problem(self) -> str | None:
         """A cheap check for a faulted store: one small durable write, free space, and
