@@ -15,16 +15,24 @@ import json
 import logging
 import random
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import httpx
 
 from logsync import __version__
+from logsync.model import MAX_SEQ
+from logsync.replica import is_replica_id
 
 log = logging.getLogger("logsync.watch")
 
 READ_TIMEOUT_S = 45.0  # upstream pings every 15 s; three missed pings = dead stream
+# One SSE line: a frame's data line is one event (≤256 KiB body, ≤64 KiB metadata, routing).
+MAX_LINE_BYTES = 1024 * 1024
+
+
+class LineTooLong(Exception):
+    """A peer sent a line past MAX_LINE_BYTES: drop the connection (it is not a frame)."""
 
 
 Change = Callable[[str | None, int | None], None]
@@ -56,6 +64,8 @@ async def watch_stream(
                     delay = 1.0
             except (httpx.HTTPError, anyio.EndOfStream, OSError) as exc:
                 log.debug("stream %s: %s", url, exc)
+            except LineTooLong as exc:
+                log.warning("stream %s: %s; reconnecting later", url, exc)
             await anyio.sleep(delay / 2 + rng.uniform(0, delay / 2))
             delay = min(delay * 2, backoff_cap)
 
@@ -67,21 +77,41 @@ async def _follow(http: httpx.AsyncClient, url: str, on_change: Change) -> bool:
             log.info("stream %s answered %s; retrying later", url, response.status_code)
             return False
         on_change(None, None)
-        async for line in response.aiter_lines():
-            if line.startswith("data:"):
+        async for line in bounded_lines(response.aiter_bytes(), MAX_LINE_BYTES):
+            if line.startswith(b"data:"):
                 on_change(*frame_position(line[5:]))
     return True
 
 
-def frame_position(data: str) -> tuple[str | None, int | None]:
-    """(origin_replica, origin_seq) of a frame's event; (None, None) if it has none."""
+async def bounded_lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """Lines (CR, LF or CRLF ended) of a byte stream; memory stays within `limit` bytes,
+    whatever the peer sends (httpx's own line iterator buffers a line of any size)."""
+    pending = b""
+    async for chunk in chunks:
+        data, held = pending + chunk, b""
+        if data.endswith(b"\r"):  # maybe the first half of a CRLF split across chunks
+            data, held = data[:-1], b"\r"
+        *lines, rest = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        pending = rest + held
+        for line in lines:
+            if len(line) > limit:
+                raise LineTooLong(f"a line of {len(line)} bytes; the limit is {limit}")
+            yield line
+        if len(pending) > limit:
+            raise LineTooLong(f"more than {limit} bytes without a line end")
+
+
+def frame_position(data: str | bytes) -> tuple[str | None, int | None]:
+    """(origin_replica, origin_seq) of a frame's event; (None, None) if it has none or
+    they are not a replica id and a seq in 1..2**62 (a frame is a hint, never trusted)."""
     try:
         event = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None, None
     if not isinstance(event, dict):
         return None, None
     origin, seq = event.get("origin_replica"), event.get("origin_seq")
-    if isinstance(origin, str) and isinstance(seq, int) and not isinstance(seq, bool):
+    if (is_replica_id(origin) and isinstance(seq, int) and not isinstance(seq, bool)
+            and 1 <= seq <= MAX_SEQ):
         return origin, seq
     return None, None

@@ -24,3 +24,40 @@ def test_a_frame_names_its_origin_and_origin_seq() -> None:
 ])
 def test_a_frame_without_a_usable_position_asks_for_a_full_round(data: str) -> None:
     assert frame_position(data) == (None, None)
+
+
+@pytest.mark.parametrize("seq", [0, -1, 2**62 + 1, 2**63])
+def test_a_frame_naming_a_seq_out_of_range_is_not_a_claim(seq: int) -> None:
+    """Finding 10: a frame at 2**62+ held its origin 'in flight' for good."""
+    assert frame_position(json.dumps({"origin_replica": ORIGIN, "origin_seq": seq})) == (
+        None, None)
+    assert frame_position(json.dumps({"origin_replica": ORIGIN + "\n", "origin_seq": 1})) == (
+        None, None)
+
+
+def test_lines_are_bounded_whatever_the_peer_sends() -> None:
+    """Finding 10: 400 MB without a newline was buffered whole (554 MB RSS)."""
+    import anyio
+
+    from logsync.watch import LineTooLong, bounded_lines
+
+    sent = 0
+
+    async def endless():
+        nonlocal sent
+        while True:
+            sent += 65536
+            yield b"x" * 65536
+
+    async def frames(chunks):
+        return [line async for line in bounded_lines(chunks, 1024 * 1024)]
+
+    with pytest.raises(LineTooLong, match="without a line end"):
+        anyio.run(frames, endless())
+    assert sent <= 1024 * 1024 + 65536
+
+    async def split():
+        for chunk in (b"data: a\r", b"\ndata: b\n\nda", b"ta: c\r\r"):
+            yield chunk
+
+    assert anyio.run(frames, split()) == [b"data: a", b"data: b", b"", b"data: c", b""]
