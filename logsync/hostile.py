@@ -284,9 +284,8 @@ class Stream:
 
     kinds: `drip` (declared `length`, one byte of `fill` every `interval` s),
     `bytes` (`length` bytes: `prefix` then `fill` repeated, in `chunk`-byte writes,
-    then `suffix`), `endless_pages` (full valid pages of `origin` forever: the server
-    answers each request with `limit` fresh ops), `reset` (close with RST before any
-    answer), `sse` (`frames` then pings every `interval` s until the client leaves).
+    then `suffix`), `reset` (close with RST before any answer), `sse` (`frames`, and
+    any the scene adds later, then pings every `interval` s until the client leaves).
     """
 
     kind: str
@@ -332,7 +331,7 @@ class Scene:
     replica_id: str = PEER_ID
     held: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     vector_extra: dict[str, int] = field(default_factory=dict)
-    stream_frames: tuple[bytes, ...] = ()
+    stream_frames: list[bytes] = field(default_factory=list)  # SSE frames, appendable
     own_held: dict[str, int] = field(default_factory=dict)  # victim -> own ops it holds
 
     @classmethod
@@ -374,7 +373,7 @@ class Scene:
         if path == "/sync/artifact":
             return Answer(404, JSON, {"error": "no such artifact"})
         if path == "/logstream/stream":
-            return Answer(200, SSE, Stream("sse", frames=self.stream_frames, interval=15.0))
+            return Answer(200, SSE, Stream("sse", frames=tuple(self.stream_frames), interval=15.0))
         if path == "/healthz":
             return Answer(200, (("content-type", "text/plain"),), b"ok\n")
         return Answer(404, JSON, {"error": f"no route {path}"})
@@ -524,7 +523,7 @@ def _setup_sse_far_origin(scene: Scene) -> None:
     scene.held[BAD_ORIGIN] = chain(BAD_ORIGIN, 3)
     far = make_event(BAD_ORIGIN, 4)
     far["origin_seq"] = MAX_SEQ
-    scene.stream_frames = (sse_frame(far),)
+    scene.stream_frames.append(sse_frame(far))
 
 
 def _setup_bomb(scene: Scene) -> None:
