@@ -60,4 +60,4 @@ def test_lines_are_bounded_whatever_the_peer_sends() -> None:
         for chunk in (b"data: a\r", b"\ndata: b\n\nda", b"ta: c\r\r"):
             yield chunk
 
-    assert anyio.run(frames, split()) == [b"data: a", b"data: b", b"", b"data: c", b""]
+    assert anyio.run(frames, split()) == [b"data: a", b"data: b", b"", b"data: c"]
