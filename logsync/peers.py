@@ -29,8 +29,8 @@ class Peer:
 
     @property
     def key(self) -> str:
-        """How state and logs name this peer."""
-        return self.name or self.url
+        """How state and logs name this peer: its name, else its URL without credentials."""
+        return self.name or redact_url(self.url)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
