@@ -207,6 +207,8 @@ def bad_page(variant: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]
 # Each alters an honest 200 answer in place and says what it did (None: not applicable).
 SIM_KINDS = ("seq_overflow", "deep_metadata", "newline_fields", "arabic_digits",
              "bad_page_seq", "numeric_fork", "forged_own_far_future", "vector_overflow")
+# Kinds that (also) alter `/sync/version_vector` answers (`tamper_vector`).
+VECTOR_KINDS = ("forged_own_far_future", "vector_overflow")
 
 
 def tamper_page(kind: str, body: dict[str, Any], params: Mapping[str, Any],

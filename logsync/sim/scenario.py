@@ -23,6 +23,7 @@ from typing import Any
 
 from logsync.defaults import DEFAULT_DEBOUNCE_S, DEFAULT_ORIGINS_IN_FLIGHT
 from logsync.errors import ConfigError
+from logsync.hostile import SIM_KINDS
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
@@ -32,7 +33,8 @@ TOPOLOGIES = ("full-mesh", "hub-and-spoke", "ring", "random-k", "edges")
 LATENCY_DISTS = ("fixed", "uniform", "normal", "exponential", "lognormal")
 SYNC_MODES = ("round", "targeted")
 ACTIONS = ("ask", "reply", "ack", "patch", "claim", "note")
-TAMPERS = ("corrupt", "bad_artifact", "wrong_origin", "stale_fork", "id_reuse", "fork")
+TAMPERS = ("corrupt", "bad_artifact", "wrong_origin", "stale_fork", "id_reuse", "fork",
+           *SIM_KINDS)  # the hostile corpus shared with tests/hostile/ (logsync.hostile)
 FAULT_KINDS = (
     "partition", "oneway", "isolate", "crash", "clock_jump", "slow", "link", "flap",
     "restore", "byzantine",

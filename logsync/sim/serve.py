@@ -8,7 +8,11 @@ honours `ext=large_pages` (limit up to max_page) and `ext=inline_artifacts`
 (the page's artifacts in the answer), as the engine asks for them.
 
 A byzantine node passes its answers through `tamper()`, which alters one item
-in a way a receiver must catch (or, for `fork`, in the one way it cannot).
+in a way a receiver must catch (or, for `fork`, in the one way it cannot). Besides
+its own kinds it draws from the corpus of hostile answers `logsync.hostile` shares
+with `tests/hostile/` (`hostile.SIM_KINDS`), and `corrupt` picks among the corpus's
+must-refuse page mutations too, so every byzantine run throws them at the real
+engine and store.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from logsync import engine
+from logsync import engine, hostile
 from logsync.errors import ValidationError
 
 UPSTREAM_PAGE = engine.UPSTREAM_PAGE_LIMIT
@@ -99,7 +103,25 @@ def _extensions(params: dict[str, Any]) -> set[str]:
 
 
 def _json_len(value: Any) -> int:
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    try:
+        return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    except RecursionError:  # a hostile answer (deeply nested metadata): count without recursion
+        return _deep_json_len(value)
+
+
+def _deep_json_len(value: Any) -> int:
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            total += 2 + max(0, len(item) - 1) + sum(_json_len(str(k)) + 1 for k in item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            total += 2 + max(0, len(item) - 1)
+            stack.extend(item)
+        else:
+            total += _json_len(item)
+    return total
 
 
 class Sizer:
@@ -136,6 +158,11 @@ class Sizer:
 
 # ── a byzantine server ────────────────────────────────────────────────
 
+# What `corrupt` draws from besides a bad type: hostile ops and pages every receiver must
+# refuse (never store), from the corpus shared with tests/hostile/.
+CORRUPT_FROM_CORPUS = ("seq_overflow", "deep_metadata", "newline_fields", "arabic_digits",
+                       "bad_page_seq")
+
 
 def tamper(
     store: Any, path: str, params: dict[str, Any], body: Any, kinds: tuple[str, ...],
@@ -147,6 +174,9 @@ def tamper(
             body["artifact"] = dict(body["artifact"], content=body["artifact"]["content"] + "X")
             return f"bad_artifact {body['artifact']['id']}"
         return None
+    if path == "/sync/version_vector" and isinstance(body, dict):
+        lies = [k for k in kinds if k in hostile.VECTOR_KINDS]
+        return hostile.tamper_vector(rng.choice(lies), body, rng, requester) if lies else None
     if path != "/sync/ops" or not isinstance(body, dict) or not body.get("events"):
         return None
     kind = rng.choice(kinds)
@@ -154,9 +184,17 @@ def tamper(
     index = rng.randrange(len(events))
     victim = dict(events[index])
     if kind == "corrupt":
+        corpus = rng.choice(("type", *CORRUPT_FROM_CORPUS))
+        if corpus != "type":
+            done = hostile.tamper_page(corpus, body, params, rng, requester)
+            if done:
+                return f"corrupt {done}"
         victim["type"] = "Not A Valid Type!"
         events[index] = victim
         return f"corrupt {victim['id']} type"
+    if kind in hostile.SIM_KINDS:
+        return (hostile.tamper_page(kind, body, params, rng, requester)
+                or _corrupt_fallback(events, index, victim))
     if kind == "fork":
         victim["body"] = f"{victim['body']} [forked by a byzantine peer]"
         events[index] = victim
