@@ -7,6 +7,15 @@ SIGTERM cancels the pull loops first -- a page being applied runs to its
 commit in its worker thread, because the store call is not abandoned on
 cancel -- then stops the server. Decisions about *when* to pull live in
 `engine.PullSchedule`; this module only keeps time and does I/O.
+
+A fault stays with its cause (invariant 9): whatever a round raises -- a peer's
+error, a bug of ours, a local store fault -- is logged in one line (the traceback
+at DEBUG), recorded in that peer's state with its kind (`engine.error_kind`), and
+backs off only that peer's loop. A store fault (disk full, read-only, corrupt)
+also pauses every pull and answers `/sync/*` with a 503 naming it, until a
+periodic `Store.health_problem()` check passes. Every round has a deadline; an
+origin claimed by a targeted round is released when the round ends and expires
+after `CLAIM_TTL_S` anyway.
 """
 
 from __future__ import annotations
@@ -35,17 +44,21 @@ from logsync.defaults import (
     DEFAULT_ORIGINS_IN_FLIGHT,
     DEFAULT_PORT,
 )
-from logsync.engine import Extensions, PullSchedule, RoundReport, choose_targets
-from logsync.errors import ConfigError, LogsyncError, PeerError, PeerTransientError, StoreError
+from logsync.engine import Extensions, PullSchedule, RoundReport, choose_targets, error_kind
+from logsync.errors import ConfigError, LogsyncError, PeerTransientError, StoreError
 from logsync.peerstate import PeerBook, PeerState
 from logsync.server import create_app, is_loopback_host
-from logsync.server_limits import check_tls, listen_socket, uvicorn_limits
+from logsync.server.limits import check_tls, listen_socket, uvicorn_limits
 from logsync.store import Store
 from logsync.watch import watch_stream
 
 log = logging.getLogger("logsync.daemon")
 
 PEERS_POLL_S = 1.0
+ROUND_DEADLINE_S = 600.0  # a round is capped at MAX_OPS_PER_ROUND ops: minutes at most
+CLAIM_TTL_S = ROUND_DEADLINE_S
+STORE_CHECK_S = 5.0
+MAX_NOTIFIED = 1024  # origins remembered from frames between rounds; beyond: a full round
 GRACEFUL_SHUTDOWN_S = 3.0  # event streams never end on their own; cut them after this
 
 
@@ -90,10 +103,18 @@ class _PeerTask:
     extensions: Extensions | None = None  # known after the first full round
     last_full: float = float("-inf")
 
+    @property
+    def label(self) -> str:
+        """How logs name the peer: its name, else its URL without credentials."""
+        return self.peer.name or peers_mod.redact_url(self.peer.url)
+
     def note(self, origin: str | None, seq: int | None) -> None:
         if origin is None or seq is None:
             self.wants_full = True
         elif seq > self.notified.get(origin, 0):
+            if origin not in self.notified and len(self.notified) >= MAX_NOTIFIED:
+                self.notified.clear()  # bounded: a full round covers whatever was named
+                self.wants_full = True
             self.notified[origin] = seq
         self.wake.set()
 
@@ -116,19 +137,23 @@ class Daemon:
         self.book = PeerBook.load(config.palace)
         self._rng = rng or random.Random()
         self._tasks: dict[str, _PeerTask] = {}
-        self._inflight: dict[str, int] = {}  # origin -> top being pulled (any peer)
+        self._inflight: dict[str, tuple[int, float]] = {}  # origin -> (top, expires at)
+        self.store_fault: str | None = None  # a local store fault: pulls pause, /sync/* 503
+        self._next_store_check = 0.0
+        self._store_healthy: anyio.Event | None = None  # made in run(): needs the loop
         self._peers_signature: tuple[int, int] | None = ("unread",)  # type: ignore[assignment]
         self.app = create_app(
             self.store, token=config.token, peer_state_provider=self.peer_entries,
             bind_host=config.host, port=config.port or None,
             extra_allowed_hosts=config.extra_hosts, sync_interval_s=config.interval,
             scheme="https" if config.tls_cert else "http",
+            health=lambda: self.store_fault,
         )
         self.server = _QuietServer(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_level=config.log_level,
             ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key, access_log=False,
             lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, ws="none",
-            **uvicorn_limits(),  # head deadline, connection cap, keep-alive (server_limits)
+            **uvicorn_limits(),  # head deadline, connection cap, keep-alive (server.limits)
         ))
         # Event streams end by themselves once uvicorn is told to exit (no cancel, no
         # traceback); Daemon._on_signals may also call app.state.logsync.begin_shutdown().
@@ -138,6 +163,8 @@ class Daemon:
 
     async def run(self) -> None:
         """Serve and pull until SIGINT/SIGTERM."""
+        self._store_healthy = anyio.Event()
+        self._store_healthy.set()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._on_signals, tg)
             pulls = anyio.CancelScope()
@@ -152,6 +179,7 @@ class Daemon:
             async for signum in signals:
                 name = signal.Signals(signum).name
                 log.info("received %s: stopping pulls, then the server", name)
+                self.app.state.logsync.begin_shutdown()
                 self._stop_pulls()
                 self.server.should_exit = True
                 return
@@ -168,7 +196,35 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 while True:
                     self._reload_peers(tg)
+                    if self.store_fault is not None:
+                        await self._check_store()
                     await anyio.sleep(PEERS_POLL_S)
+
+    # ── the store's health ────────────────────────────────────────────
+
+    def _store_failed(self, exc: StoreError) -> None:
+        if self.store_fault is None:
+            log.error("the store failed: %s; pulls pause until it is fixed (checked every "
+                      "%g s), /sync/* answers 503 meanwhile", exc, STORE_CHECK_S)
+            self._store_healthy = anyio.Event()
+            self._next_store_check = anyio.current_time() + STORE_CHECK_S
+        self.store_fault = str(exc)
+
+    async def _check_store(self) -> None:
+        if anyio.current_time() < self._next_store_check:
+            return
+        self._next_store_check = anyio.current_time() + STORE_CHECK_S
+        try:
+            problem = await anyio.to_thread.run_sync(self.store.health_problem)
+        except Exception as exc:  # noqa: BLE001 - a failing check is a failed check
+            problem = str(exc) or type(exc).__name__
+        if problem is None:
+            log.info("the store is healthy again: pulls resume")
+            self.store_fault = None
+            if self._store_healthy is not None:
+                self._store_healthy.set()
+        else:
+            self.store_fault = problem
 
     def _reload_peers(self, tg: TaskGroup) -> None:
         """Start loops for new peers and stop them for removed ones, when peers.json changes."""
@@ -211,10 +267,12 @@ class Daemon:
                                 debounce=DEFAULT_DEBOUNCE_S)
         schedule.start(anyio.current_time())
         peer = task.peer
-        async with PeerClient(peer.url, peer.token, name=peer.key,
+        async with PeerClient(peer.url, peer.token, name=task.label,
                               ca_file=self.config.ca_file) as client:
             while True:
                 await self._wait_until_due(task, schedule)
+                if self._store_healthy is not None:
+                    await self._store_healthy.wait()
                 await self._one_round(client, task, schedule)
 
     async def _wait_until_due(self, task: _PeerTask, schedule: PullSchedule) -> None:
@@ -232,33 +290,55 @@ class Daemon:
         now = anyio.current_time()
         schedule.begin(now)
         state.record_attempt(time.time())
-        local = await anyio.to_thread.run_sync(self.store.version_vector)
-        targets = choose_targets(
-            task.notified, local, self.store.replica_id, self._inflight,
-            extensions_known=task.extensions is not None and not task.wants_full,
-            since_full=now - task.last_full, interval=self.config.interval,
-        )
-        task.notified = {}
-        if targets == {}:  # every notified op is already here: no request, no news
-            schedule.succeeded(anyio.current_time())
-            return
         try:
-            report = await self._pull(client, task, targets)
-        except (PeerError, StoreError) as exc:
-            # A store failure (disk full, locked past the timeout) is ours, not the
-            # peer's, but it too must only back this loop off, never end the daemon.
-            log.warning("peer %s: %s", task.peer.key, exc)
-            state.record_failure(exc, time.time())
-            task.wants_full = True
-            hint = exc.retry_after if isinstance(exc, PeerTransientError) else None
-            schedule.failed(anyio.current_time(), hint)
+            with anyio.fail_after(ROUND_DEADLINE_S):
+                local = await anyio.to_thread.run_sync(self.store.version_vector)
+                targets = choose_targets(
+                    task.notified, local, self.store.replica_id, self._claims(now),
+                    extensions_known=task.extensions is not None and not task.wants_full,
+                    since_full=now - task.last_full, interval=self.config.interval,
+                )
+                task.notified = {}
+                if targets == {}:  # every notified op is already here: no request, no news
+                    schedule.succeeded(anyio.current_time())
+                    return
+                report = await self._pull(client, task, targets)
+        except Exception as exc:  # noqa: BLE001 - invariant 9: nothing leaves this loop
+            self._round_failed(task, state, schedule, exc)
         else:
             self._record(task, state, report, full=targets is None)
-            if task.wake.is_set():
+            if task.wake.is_set() or report.capped:  # more is owed: go again soon
                 task.wake = anyio.Event()
                 schedule.notified(anyio.current_time())
             schedule.succeeded(anyio.current_time())
         await anyio.to_thread.run_sync(self._save_state)
+
+    def _round_failed(self, task: _PeerTask, state: PeerState, schedule: PullSchedule,
+                      exc: Exception) -> None:
+        """Record and back off; the peer's loop, the server and every other peer go on."""
+        if isinstance(exc, TimeoutError):
+            exc = PeerTransientError(f"peer {task.label}: the round did not finish within "
+                                     f"{ROUND_DEADLINE_S:g} s", peer=task.label)
+        kind = error_kind(exc)
+        if isinstance(exc, StoreError):
+            self._store_failed(exc)
+        if kind == "internal":
+            log.warning("peer %s: internal error %s: %s (traceback at DEBUG)", task.label,
+                        type(exc).__name__, exc)
+            log.debug("peer %s: traceback", task.label, exc_info=exc)
+        else:
+            log.warning("%s", _named(task.label, str(exc)))
+        state.record_failure(exc, time.time())
+        task.wants_full = True
+        hint = exc.retry_after if isinstance(exc, PeerTransientError) else None
+        schedule.failed(anyio.current_time(), hint)
+
+    def _claims(self, now: float) -> dict[str, int]:
+        """Unexpired claims (origin -> top); expired ones are dropped."""
+        for origin, (_, expires) in list(self._inflight.items()):
+            if expires <= now:
+                del self._inflight[origin]
+        return {origin: top for origin, (top, _) in self._inflight.items()}
 
     async def _pull(self, client: PeerClient, task: _PeerTask,
                     targets: dict[str, int] | None) -> RoundReport:
@@ -269,14 +349,17 @@ class Daemon:
             task.extensions = report.negotiated
             return report
         assert task.extensions is not None
-        claimed = {o: t for o, t in targets.items() if t > self._inflight.get(o, 0)}
-        self._inflight.update(claimed)  # no origin pulled from two peers at once
+        now = anyio.current_time()
+        held = self._claims(now)
+        claimed = {o: t for o, t in targets.items() if t > held.get(o, 0)}
+        expires = now + CLAIM_TTL_S
+        self._inflight.update({o: (t, expires) for o, t in claimed.items()})  # one puller each
         try:
             return await client.run_targeted(self.store, targets, task.extensions,
                                              origins_in_flight=DEFAULT_ORIGINS_IN_FLIGHT)
         finally:
             for origin, top in claimed.items():
-                if self._inflight.get(origin) == top:
+                if self._inflight.get(origin, (None,))[0] == top:
                     del self._inflight[origin]
 
     def _record(self, task: _PeerTask, state: PeerState, report: RoundReport, *,
@@ -287,12 +370,14 @@ class Daemon:
         else:
             state.record_targeted(report, now)
         if report.applied:
-            log.info("peer %s: +%d events, +%d artifacts", task.peer.key, report.applied,
+            log.info("peer %s: +%d events, +%d artifacts", task.label, report.applied,
                      report.artifacts)
             self.app.state.notifier.notify()
+        for origin, reason in report.failed_origins().items():
+            log.warning("%s", _named(task.label, f"origin {origin}: {reason}"))
         if report.conflicts or report.quarantined:
             log.warning("peer %s: %d conflicts and %d quarantined ops recorded (see `logsync "
-                        "conflicts` and `logsync quarantine`)", task.peer.key, report.conflicts,
+                        "conflicts` and `logsync quarantine`)", task.label, report.conflicts,
                         report.quarantined)
 
     # ── state shared with the server and `logsync status` ─────────────
@@ -306,6 +391,12 @@ class Daemon:
             self.book.save(self.config.palace)
         except (OSError, LogsyncError) as exc:
             log.error("cannot save peer state in %s: %s", self.config.palace, exc)
+
+
+def _named(peer: str, message: str) -> str:
+    """One mention of the peer: messages from the engine and client already start with it."""
+    prefix = f"peer {peer}: "
+    return message if message.startswith(prefix) else prefix + message
 
 
 def serve(config: DaemonConfig, announce: Callable[[str], None] | None = None) -> None:

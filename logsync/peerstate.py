@@ -32,13 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from logsync.engine import RoundReport
-from logsync.errors import (
-    ConfigError,
-    PeerAuthError,
-    PeerProtocolError,
-    PeerRequestError,
-    PeerTransientError,
-)
+from logsync.engine import error_kind as engine_error_kind
+from logsync.errors import ConfigError
 from logsync.files import write_atomic
 
 PEER_STATE_FILENAME = "peer_state.json"
@@ -57,12 +52,8 @@ def drift(remote: Mapping[str, int], local: Mapping[str, int]) -> dict[str, int]
 
 
 def error_kind(error: BaseException) -> str:
-    """A short word for status output and metrics labels."""
-    for kind, cls in (("transient", PeerTransientError), ("auth", PeerAuthError),
-                      ("request", PeerRequestError), ("protocol", PeerProtocolError)):
-        if isinstance(error, cls):
-            return kind
-    return "local"
+    """A short word for status output and metrics labels (see `engine.error_kind`)."""
+    return engine_error_kind(error)
 
 
 @dataclass
@@ -93,6 +84,7 @@ class PeerState:
     drift: dict[str, int] = field(default_factory=dict)
     stopped_origins: dict[str, str] = field(default_factory=dict)
     skipped_origins: dict[str, str] = field(default_factory=dict)
+    failed_origins: dict[str, str] = field(default_factory=dict)
 
     def record_attempt(self, now: float) -> None:
         self.last_attempt_at = now
@@ -117,6 +109,7 @@ class PeerState:
         self.drift = drift(report.remote_vector, report.local_vector_after)
         self.stopped_origins = report.stopped_origins()
         self.skipped_origins = dict(report.skipped_origins)
+        self.failed_origins = report.failed_origins()
 
     def record_targeted(self, report: RoundReport, now: float) -> None:
         """A notified round: same bookkeeping as a success, but it saw no vector, so the
@@ -175,6 +168,7 @@ class PeerState:
             },
             "extensions": list(self.extensions),
             "stopped_origins": dict(self.stopped_origins),
+            "failed_origins": dict(self.failed_origins),
         }
 
     def to_json(self) -> dict[str, Any]:

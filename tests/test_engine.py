@@ -874,7 +874,7 @@ def test_peer_state_transitions_and_upstream_entry(stores):
     state.record_failure(PeerTransientError("peer laptop: GET /sync/version_vector timed out"),
                          1000.0)
     assert (state.reachable, state.last_error_kind, state.consecutive_failures) == (
-        False, "transient", 1)
+        False, "transport", 1)
     report = pull(b, FakePeer(a))
     state.record_success(report, 1_700_000_000.0)
     entry = state.as_upstream_peer_entry()

@@ -15,8 +15,8 @@ from logsync import peers as peers_mod
 from logsync.cli import cli
 from logsync.cli._common import emit_json, handles_errors, json_option, open_store, palace_of
 from logsync.defaults import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
-from logsync.engine import RoundReport
-from logsync.errors import ConfigError, PeerError
+from logsync.engine import RoundReport, error_kind
+from logsync.errors import ConfigError
 from logsync.peerstate import PeerBook
 from logsync.store import Store
 
@@ -95,7 +95,7 @@ def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str
     else:
         for result in results:
             _print_result(result)
-    if any("error" in s for s in stats):
+    if any("error" in s or s.get("failed_origins") for s in stats):
         sys.exit(1)
 
 
@@ -103,27 +103,38 @@ def _sync_one(store: Store, peer: peers_mod.Peer, ca_file: str | None, timeout: 
               show_progress: bool) -> dict[str, Any]:
     from logsync.client import PeerClient
 
-    report = RoundReport(peer=peer.key)
+    label = peer.name or peers_mod.redact_url(peer.url)
+    report = RoundReport(peer=label)
 
-    async def run() -> RoundReport | PeerError:
+    async def run() -> RoundReport | Exception:
         # The outcome is returned, not raised, so the task group cannot wrap it.
-        outcome: RoundReport | PeerError
-        async with PeerClient(peer.url, peer.token, name=peer.key, ca_file=ca_file,
+        outcome: RoundReport | Exception
+        async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file,
                               timeout=timeout) as client, anyio.create_task_group() as tg:
             if show_progress:
                 tg.start_soon(_progress, store, report)
             try:
                 outcome = await client.run_round(store, report=report)
-            except PeerError as exc:
+            except Exception as exc:  # noqa: BLE001 - one peer's fault stays with that peer
                 outcome = exc
             tg.cancel_scope.cancel()
         return outcome
 
-    done = anyio.run(run)
-    if isinstance(done, PeerError):
-        stats = {"peer_name": peer.key, "peer_url": peer.url, "error": str(done)}
+    try:
+        done = anyio.run(run)
+    except Exception as exc:  # noqa: BLE001 - e.g. a URL the client refuses (ConfigError)
+        done = exc
+    if isinstance(done, Exception):
+        kind = error_kind(done)
+        message = str(done) or type(done).__name__
+        if kind == "internal":
+            message = f"internal error {type(done).__name__}: {message}"
+        stats = {"peer_name": label, "peer_url": peers_mod.redact_url(peer.url),
+                 "error": _unnamed(label, message), "error_kind": kind}
         return {"peer": peer, "report": report, "stats": stats, "error": done}
-    stats = {**done.as_upstream_stats(peer.url), "peer_name": peer.key,
+    stats = {**done.as_upstream_stats(peers_mod.redact_url(peer.url)), "peer_name": label,
+             "failed_origins": {o: _unnamed(label, r.removeprefix("failed: "))
+                                for o, r in done.failed_origins().items()},
              "conflicts": done.conflicts, "quarantined": done.quarantined,
              "per_origin_detail": {o: p.as_dict() for o, p in done.origins.items()}}
     return {"peer": peer, "report": done, "stats": stats, "error": None}
@@ -164,11 +175,16 @@ def _record(palace: Any, targets: list[peers_mod.Peer], results: list[dict[str, 
     book.save(palace)
 
 
+def _unnamed(peer: str, message: str) -> str:
+    """The message without a leading `peer NAME: `: output names the peer once."""
+    return message.removeprefix(f"peer {peer}: ")
+
+
 def _print_result(result: dict[str, Any]) -> None:
     stats = result["stats"]
     name = stats.get("peer_name") or stats.get("peer_url")
     if "error" in stats:
-        click.echo(f"  {name}: ERROR {stats['error']}")
+        click.echo(f"  {name}: ERROR ({stats['error_kind']}) {stats['error']}", err=True)
         return
     click.echo(f"  {name} ({stats['peer_replica']}): +{stats['pulled_events']} events, "
                f"+{stats['pulled_artifacts']} artifacts, {stats['conflicts']} conflicts, "
@@ -177,6 +193,8 @@ def _print_result(result: dict[str, Any]) -> None:
         if detail.get("applied") or detail.get("artifacts"):
             click.echo(f"    {origin}: +{detail.get('applied', 0)} events, "
                        f"+{detail.get('artifacts', 0)} artifacts")
+    for origin, reason in sorted(stats["failed_origins"].items()):
+        click.echo(f"  {name}: origin {origin} FAILED: {reason}", err=True)
 
 
 @cli.command("status")
