@@ -1,0 +1,120 @@
+"""A fault stays with its cause in the daemon's peer loop (issue 8, findings 3, 4, 10).
+
+Driven in-process: the round is replaced by one that raises, and the test checks
+what the loop records and decides. The hostile suite (tests/hostile/) does the
+same with real processes and real hostile peers.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from logsync.client import PeerClient
+from logsync.daemon import CLAIM_TTL_S, MAX_NOTIFIED, Daemon, DaemonConfig, _PeerTask
+from logsync.engine import PullSchedule
+from logsync.errors import StoreError
+from logsync.peers import Peer
+
+PEER = Peer(url="http://user:secret@127.0.0.1:9/?token=hush", name=None)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Any:
+    d = Daemon(DaemonConfig(palace=tmp_path / "p", port=0, interval=10.0),
+               rng=random.Random(1))
+    yield d
+    d.store.close()
+
+
+def one_round(daemon: Daemon, raise_: BaseException, monkeypatch: Any) -> PullSchedule:
+    async def boom(self: PeerClient, store: Any, **options: Any) -> Any:
+        raise raise_
+
+    monkeypatch.setattr(PeerClient, "run_round", boom)
+
+    async def go() -> PullSchedule:
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope())
+        schedule = PullSchedule(rng=random.Random(1), interval=10.0)
+        schedule.start(anyio.current_time())
+        async with PeerClient(PEER.url, name=task.label) as client:
+            await daemon._one_round(client, task, schedule)
+        return schedule
+
+    return anyio.run(go)
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (RuntimeError("a bug of ours"), "internal"),
+        (OverflowError("getsockaddrarg: port must be 0-65535."), "internal"),
+        (ExceptionGroup("a task group", [ValueError("x")]), "internal"),
+        (RecursionError("maximum recursion depth exceeded"), "internal"),
+        (StoreError("cannot write to logstream.sqlite3: database or disk is full"), "store"),
+    ],
+)
+def test_any_exception_in_a_round_is_recorded_and_backs_off_only_that_peer(
+    daemon: Daemon, monkeypatch: Any, caplog: Any, error: BaseException, kind: str
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="logsync.daemon")
+    schedule = one_round(daemon, error, monkeypatch)
+    (state,) = daemon.book.peers.values()
+    assert (state.reachable, state.last_error_kind, state.consecutive_failures) == (
+        False, kind, 1)
+    assert schedule.failures == 1 and schedule.next_due is not None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING
+                or r.levelno == logging.ERROR]
+    assert warnings and all("\n" not in r.getMessage() for r in warnings)
+    assert all("secret" not in r.getMessage() and "hush" not in r.getMessage()
+               for r in caplog.records)
+    if kind == "internal":
+        assert any(r.exc_info for r in caplog.records if r.levelno == logging.DEBUG)
+
+
+def test_a_store_fault_pauses_pulls_answers_503_and_clears_by_itself(
+    daemon: Daemon, monkeypatch: Any
+) -> None:
+    one_round(daemon, StoreError("cannot write: database or disk is full"), monkeypatch)
+    assert daemon.store_fault is not None
+
+    async def ask() -> httpx.Response:
+        transport = httpx.ASGITransport(app=daemon.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            return await http.get("/sync/version_vector")
+
+    answer = anyio.run(ask)
+    assert answer.status_code == 503 and "disk is full" in answer.json()["error"]
+
+    async def check() -> None:
+        daemon._store_healthy = anyio.Event()
+        daemon._next_store_check = 0.0
+        await daemon._check_store()
+        assert daemon._store_healthy.is_set()
+
+    anyio.run(check)
+    assert daemon.store_fault is None
+    assert anyio.run(ask).status_code == 200
+
+
+def test_claims_expire_and_notifications_stay_bounded(daemon: Daemon) -> None:
+    """Finding 10: a frame naming an origin at 2**62 held it 'in flight' for good."""
+    origin = "rep_" + "a" * 32
+    daemon._inflight[origin] = (2**62, 100.0)
+    assert daemon._claims(99.0) == {origin: 2**62}
+    assert daemon._claims(100.0 + CLAIM_TTL_S * 0) == {}
+
+    async def go() -> None:
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope())
+        task.wants_full = False
+        for n in range(MAX_NOTIFIED + 5):
+            task.note(f"rep_{n:032x}", 1)
+        assert len(task.notified) <= MAX_NOTIFIED and task.wants_full
+
+    anyio.run(go)
