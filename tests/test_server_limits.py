@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 
 from logsync.server import create_app, json_bytes
-from logsync.server_limits import listen_socket, uvicorn_limits
+from logsync.server.limits import listen_socket, uvicorn_limits
 from logsync.store import Store
 
 PY = [sys.executable, "-m", "logsync"]

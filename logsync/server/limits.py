@@ -75,8 +75,10 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > max_connections():
-            logger.warning("connection refused: %d connections are open, the maximum",
-                           len(self.connections) - 1)
+            logger.warning(
+                "connection refused: %d connections are open, the maximum",
+                len(self.connections) - 1,
+            )
             transport.abort()
             return
         self._arm_head_timer()
@@ -117,8 +119,10 @@ class GuardedH11Protocol(H11Protocol):
     def _head_timeout(self) -> None:
         self._head_timer = None
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            logger.debug("closing a connection that sent no complete request head in %g s",
-                         self.header_timeout_s)
+            logger.debug(
+                "closing a connection that sent no complete request head in %g s",
+                self.header_timeout_s,
+            )
             self.transport.close()
 
 
@@ -145,12 +149,16 @@ def listen_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket
         sock.set_inheritable(True)
     except socket.gaierror as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {where}: the host does not resolve ({exc.strerror})"
-                          ) from None
+        raise ConfigError(
+            f"cannot listen on {where}: the host does not resolve ({exc.strerror})"
+        ) from None
     except OSError as exc:
         sock.close()
-        reason = "address already in use" if exc.errno == errno.EADDRINUSE else (
-            (exc.strerror or str(exc)).lower())
+        reason = (
+            "address already in use"
+            if exc.errno == errno.EADDRINUSE
+            else ((exc.strerror or str(exc)).lower())
+        )
         raise ConfigError(f"cannot listen on {where}: {reason}") from None
     return sock
 

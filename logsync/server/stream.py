@@ -30,7 +30,7 @@ from starlette.types import Receive, Scope, Send
 from logsync.errors import StoreError
 
 if TYPE_CHECKING:
-    from logsync.server import _Server
+    from logsync.server.common import _Server
 
 logger = logging.getLogger("logsync.server")
 
@@ -136,10 +136,12 @@ class _LatestProbe:
             pending.set()
         return self._value
 
+
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
     body = json.dumps({"error": message}, ensure_ascii=False).encode("utf-8")
-    return Response(body, status_code=status, media_type="application/json; charset=utf-8",
-                    headers=headers)
+    return Response(
+        body, status_code=status, media_type="application/json; charset=utf-8", headers=headers
+    )
 
 
 def _client_host(scope: Scope) -> str:
@@ -180,8 +182,11 @@ class _EventStream(Response):
         host = _client_host(scope)
         refusal = srv.acquire_slot(host)
         if refusal is not None:
-            busy = _error(503, f"{refusal}; retry after {SSE_RETRY_AFTER_S} s",
-                          {"Retry-After": str(SSE_RETRY_AFTER_S)})
+            busy = _error(
+                503,
+                f"{refusal}; retry after {SSE_RETRY_AFTER_S} s",
+                {"Retry-After": str(SSE_RETRY_AFTER_S)},
+            )
             await busy(scope, receive, send)
             return
         try:
@@ -205,8 +210,11 @@ class _EventStream(Response):
             logger.debug("stream client gone: %s", exc)
             return
         except _SendTimeout:
-            logger.info("stream client %s evicted: it took no data for %g s", host or "?",
-                        self.srv.cfg.sse_send_timeout_s)
+            logger.info(
+                "stream client %s evicted: it took no data for %g s",
+                host or "?",
+                self.srv.cfg.sse_send_timeout_s,
+            )
             return
         except StoreError as exc:
             logger.error("stream ended, the store failed: %s", exc)
@@ -279,7 +287,10 @@ def _frame(event: Mapping[str, Any]) -> bytes:
     try:
         data = json.dumps(event, ensure_ascii=False)
     except (RecursionError, ValueError, TypeError) as exc:
-        logger.error("event %s cannot be encoded as JSON (%s); left out of the stream",
-                     event.get("id"), type(exc).__name__)
+        logger.error(
+            "event %s cannot be encoded as JSON (%s); left out of the stream",
+            event.get("id"),
+            type(exc).__name__,
+        )
         return b""
     return f"id: {event['id']}\nevent: logstream\ndata: {data}\n\n".encode()

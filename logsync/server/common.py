@@ -1,0 +1,319 @@
+"""What the server's modules share: settings, the per-app state, answer encoding."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import msgpack
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from starlette.requests import Request
+from starlette.responses import Response
+
+from logsync.engine import (
+    EXT_INLINE_ARTIFACTS,
+    EXT_LARGE_PAGES,
+    EXT_MSGPACK,
+    EXTENSIONS_PARAM,
+    UPSTREAM_PAGE_LIMIT,
+)
+from logsync.errors import ValidationError, shorten
+from logsync.server.stream import (
+    ChangeNotifier,
+    _LatestProbe,
+)
+
+logger = logging.getLogger("logsync.server")
+
+
+UPSTREAM_PAGE = UPSTREAM_PAGE_LIMIT
+JSON_TYPE = "application/json; charset=utf-8"
+MSGPACK_TYPE = "application/msgpack"
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
+ORIGIN_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+STORE_RETRY_AFTER_S = 5
+DEFAULT_MAX_PAGE_BYTES = 8 * 1024 * 1024
+ADVERTISED_MAX_PAGE_BYTES = "max_page_bytes"
+EVENT_OVERHEAD_BYTES = 2  # ", " between events in the JSON array
+GUARDED_PREFIXES = ("/sync/", "/logstream/")
+EXT_NOTIFY = "notify"
+EXTENSIONS = (EXT_MSGPACK, EXT_LARGE_PAGES, EXT_INLINE_ARTIFACTS, EXT_NOTIFY)
+PEER_KEYS = (
+    "name",
+    "url",
+    "replica_id",
+    "reachable",
+    "last_error",
+    "last_error_at",
+    "last_success_at",
+    "last_pulled_events",
+    "last_pulled_artifacts",
+    "remote_version_vector",
+    "profile",
+)
+ROUTES = (
+    "/healthz",
+    "/statusz",
+    "/metrics",
+    "/sync/version_vector",
+    "/sync/ops",
+    "/sync/artifact",
+    "/sync/peers",
+    "/logstream/stream",
+)
+
+PeerStateProvider = Callable[[], list[dict[str, Any]]]
+HealthProbe = Callable[[], "str | None"]
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a bind address (or Host name) only reaches this machine."""
+    name = (host or "").strip().lower()
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _StoreCollector:
+    """Store counts read at scrape time (the scrape runs in a worker thread)."""
+
+    NAMES = ("events", "artifacts", "conflicts", "quarantined")
+
+    def __init__(self, server: _Server) -> None:
+        self._server = server
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [self._family(name) for name in self.NAMES]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        counts = self._server.store_now().counts()
+        families = []
+        for name in self.NAMES:
+            family = self._family(name)
+            family.add_metric([], float(counts.get(name, 0)))
+            families.append(family)
+        return families
+
+    @staticmethod
+    def _family(name: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(f"logsync_store_{name}", f"{name} held in this replica's store")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The knobs of one app, fixed at creation (see ``create_app``)."""
+
+    token: str | None
+    peer_state_provider: PeerStateProvider | None
+    bind_host: str
+    port: int | None
+    pin_host: bool
+    allowed_hosts: frozenset[str]
+    sse_max_clients: int
+    sse_heartbeat_s: float
+    sse_poll_s: float
+    max_page: int
+    max_body_bytes: int
+    inline_artifact_bytes: int
+    sync_interval_s: float
+    node_name: str
+    scheme: str
+    health: HealthProbe | None = None
+    sse_max_per_client: int = 2
+    sse_per_client_exempt: frozenset[str] = frozenset()
+    sse_send_timeout_s: float = 10.0
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
+
+
+class _Server:
+    """Everything the routes share: the store, the policy, SSE slots, metrics."""
+
+    def __init__(self, store: Any, settings: Settings, notifier: ChangeNotifier | None) -> None:
+        self.cfg = settings
+        self._store_lock = threading.Lock()
+        if hasattr(store, "version_vector"):
+            self._store, self._factory, self.owns_store = store, None, False
+        else:
+            self._store, self._factory, self.owns_store = None, store, True
+        self.notifier = notifier or ChangeNotifier()
+        self.probe = _LatestProbe(self, settings.sse_poll_s)
+        self.sse_clients = 0
+        self.sse_by_host: dict[str, int] = {}
+        self._shutdown = False
+        self.exit_probe: Callable[[], bool] | None = None
+        self._unencodable: set[str] = set()
+        self._crashed_routes: set[str] = set()
+        self.started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.started_monotonic = time.monotonic()
+        self.request_total = 0
+        self.status_counts: dict[str, int] = {}
+        self.registry = CollectorRegistry()
+        self.requests_metric = Counter(
+            "logsync_http_requests",
+            "HTTP requests answered, by route and status",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        sse_gauge = Gauge(
+            "logsync_sse_clients", "open /logstream/stream clients", registry=self.registry
+        )
+        sse_gauge.set_function(lambda: self.sse_clients)
+        self.registry.register(_StoreCollector(self))
+
+    def store_now(self) -> Any:
+        """The store, opened on first use when a factory was given (call from a thread)."""
+        with self._store_lock:
+            if self._store is None:
+                self._store = self._factory()
+            return self._store
+
+    async def run(self, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(store)`` in a worker thread: store calls are blocking SQLite."""
+        return await anyio.to_thread.run_sync(lambda: fn(self.store_now()))
+
+    def close(self) -> None:
+        """Close a store this app opened itself; a store handed in belongs to the caller."""
+        with self._store_lock:
+            if self.owns_store and self._store is not None:
+                self._store.close()
+                self._store = None
+
+    def record(self, path: str, status: int) -> None:
+        route = path if path in ROUTES else "other"
+        self.request_total += 1
+        key = str(status)
+        self.status_counts[key] = self.status_counts.get(key, 0) + 1
+        self.requests_metric.labels(route=route, status=key).inc()
+
+    def acquire_slot(self, host: str = "") -> str | None:
+        """Take a stream slot for a client address; None when taken, else why not."""
+        if self.sse_clients >= self.cfg.sse_max_clients:
+            return f"{self.sse_clients} stream clients are connected, the maximum"
+        held = self.sse_by_host.get(host, 0)
+        limited = host not in self.cfg.sse_per_client_exempt
+        if limited and held >= self.cfg.sse_max_per_client:
+            return f"{held} streams are open from {host}, the maximum for one client address"
+        self.sse_clients += 1
+        self.sse_by_host[host] = held + 1
+        return None
+
+    def release_slot(self, host: str = "") -> None:
+        self.sse_clients -= 1
+        left = self.sse_by_host.get(host, 1) - 1
+        if left > 0:
+            self.sse_by_host[host] = left
+        else:
+            self.sse_by_host.pop(host, None)
+
+    # ── shutdown and store health ─────────────────────────────────────
+
+    def begin_shutdown(self) -> None:
+        """End every event stream now (the daemon calls this when a signal arrives)."""
+        self._shutdown = True
+        self.notifier.notify()
+
+    def shutting_down(self) -> bool:
+        if not self._shutdown and self.exit_probe is not None and self.exit_probe():
+            self.begin_shutdown()
+        return self._shutdown
+
+    def store_problem(self) -> str | None:
+        """The health probe's sentence (None when healthy or when there is no probe)."""
+        if self.cfg.health is None:
+            return None
+        try:
+            return self.cfg.health()
+        except Exception as exc:  # a broken probe must not take the routes down with it
+            logger.warning("the store health probe failed: %s", exc)
+            return None
+
+    def first_time(self, seen: set[str], key: str) -> bool:
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def json_bytes(payload: Any) -> bytes:
+    """Upstream's encoding: default separators, non-ASCII kept, UTF-8.
+
+    Raises ``ValueError`` (never ``RecursionError``) when the payload cannot be encoded.
+    """
+    try:
+        return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise ValueError("the payload nests too deeply to encode as JSON") from None
+
+
+def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(json_bytes(payload), status_code=status, media_type=JSON_TYPE, headers=headers)
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    return _json(status, {"error": message}, headers)
+
+
+def _wants_msgpack(request: Request) -> bool:
+    """True when Accept names msgpack with a non-zero quality."""
+    for part in request.headers.get("accept", "").split(","):
+        media, *params = [piece.strip().lower() for piece in part.split(";")]
+        if media in (MSGPACK_TYPE, "application/x-msgpack") and _quality(params) > 0:
+            return True
+    return False
+
+
+def _quality(params: list[str]) -> float:
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip() == "q":
+            try:
+                return float(value)
+            except ValueError:
+                return 0.0
+    return 1.0
+
+
+def _answer(request: Request, payload: Any) -> Response:
+    """A 200 answer in the encoding the client negotiated (JSON unless it asked)."""
+    if _wants_msgpack(request):
+        try:
+            body = msgpack.packb(payload, use_bin_type=True)
+        except (OverflowError, TypeError, ValueError):
+            logger.info("answer not msgpack-encodable (integer out of range); sent JSON")
+        else:
+            return Response(body, media_type=MSGPACK_TYPE)
+    return _json(200, payload)
+
+
+def _extensions(request: Request) -> set[str]:
+    """Extensions this request asks for by name."""
+    raw = [
+        *request.query_params.getlist(EXTENSIONS_PARAM),
+        request.headers.get("x-logsync-extensions", ""),
+    ]
+    return {name.strip().lower() for chunk in raw for name in chunk.split(",") if name.strip()}
+
+
+def _int_param(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValidationError(f"{name}={shorten(raw)} is not an integer") from None

@@ -1,0 +1,184 @@
+"""Request policy before any route runs (Host, Origin, token, body size, store health)
+and the error answers: every refusal and failure is one JSON sentence.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlparse
+
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from logsync.errors import shorten
+from logsync.server.common import (
+    GUARDED_PREFIXES,
+    LOOPBACK_NAMES,
+    ORIGIN_LOOPBACK,
+    ROUTES,
+    STORE_RETRY_AFTER_S,
+    _error,
+    _Server,
+)
+
+logger = logging.getLogger("logsync.server")
+
+
+# ---------------------------------------------------------------- policy
+
+
+class _Guard:
+    """Host, Origin, token and body-size checks before any route runs; counts answers."""
+
+    def __init__(self, app: ASGIApp, server: _Server) -> None:
+        self.app = app
+        self.srv = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+
+        async def counted(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                self.srv.record(path, message["status"])
+            await send(message)
+
+        headers = Headers(scope=scope)
+        refusal = self._refusal(path, headers) or await self._oversize(headers, receive)
+        if refusal is None and path.startswith(GUARDED_PREFIXES):
+            refusal = self._unavailable()
+        if refusal is not None:
+            await refusal(scope, receive, counted)
+            return
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await counted(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:  # one sentence to the client, one log line, no traceback
+            route = path if path in ROUTES else "other"
+            if self.srv.first_time(self.srv._crashed_routes, f"{route}:{type(exc).__name__}"):
+                logger.error("unexpected %s on %s: %s", type(exc).__name__, route, exc)
+            logger.debug("unexpected error on %s", path, exc_info=True)
+            if started:
+                return  # the answer is under way: all we can do is end it
+            await _error(
+                500, f"internal error on {shorten(path)} ({type(exc).__name__}); see the server log"
+            )(scope, receive, counted)
+
+    def _unavailable(self) -> Response | None:
+        problem = self.srv.store_problem()
+        if problem is None:
+            return None
+        return _error(
+            503, f"the store is unavailable: {problem}", {"Retry-After": str(STORE_RETRY_AFTER_S)}
+        )
+
+    def _refusal(self, path: str, headers: Headers) -> Response | None:
+        srv = self.srv
+        host = headers.get("host", "").strip().lower()
+        if srv.cfg.pin_host and not _host_allowed(host, srv.cfg.allowed_hosts, srv.cfg.port):
+            logger.warning("request refused: Host %r not allowed", host)
+            return _error(403, f"Host header {shorten(host)} is not a loopback name")
+        origin = headers.get("origin")
+        if origin and not _origin_allowed(origin):
+            logger.warning("request refused: cross-origin %r", origin)
+            return _error(403, f"Origin {shorten(origin)} is not a loopback origin")
+        if path != "/healthz" and srv.cfg.token and not _token_ok(headers, srv.cfg.token):
+            return _error(
+                401,
+                "missing or wrong bearer token (send Authorization: Bearer <token>)",
+                {"WWW-Authenticate": "Bearer"},
+            )
+        return None
+
+    async def _oversize(self, headers: Headers, receive: Receive) -> Response | None:
+        """413 for a body over the cap; a small body is read and dropped (all routes GET)."""
+        cap = self.srv.cfg.max_body_bytes
+        length = headers.get("content-length")
+        if length is not None and length.strip().isdigit():
+            if int(length) > cap:
+                return _error(413, f"request body is {int(length)} bytes; maximum is {cap} bytes")
+            if int(length) == 0:
+                return None
+        elif "chunked" not in headers.get("transfer-encoding", "").lower():
+            return None
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            total += len(message.get("body", b""))
+            if total > cap:
+                return _error(413, f"request body exceeds the maximum of {cap} bytes")
+            if not message.get("more_body", False):
+                return None
+
+
+def _token_ok(headers: Headers, token: str) -> bool:
+    provided = headers.get("authorization", "").encode("latin-1", "replace")
+    return hmac.compare_digest(provided, f"Bearer {token}".encode())
+
+
+def _origin_allowed(origin: str) -> bool:
+    try:
+        host = (urlparse(origin).hostname or "").strip().lower()
+    except ValueError:
+        return False
+    return host in ORIGIN_LOOPBACK
+
+
+def _allowed_host_values(bind_host: str, port: int | None, extra: Iterable[str]) -> set[str]:
+    """Upstream's pin: loopback names and the bind host, with and without the port."""
+    names = set(LOOPBACK_NAMES) | ({bind_host.strip().lower()} if bind_host else set())
+    values = set(names)
+    if port is not None:
+        values |= {f"{name}:{port}" for name in names}
+    for raw in extra:
+        entry = raw.strip().lower()
+        if entry:
+            values.add(entry)
+            if ":" not in entry and port is not None:
+                values.add(f"{entry}:{port}")
+    return values
+
+
+def _host_allowed(host: str, allowed: frozenset[str], port: int | None) -> bool:
+    if host in allowed:
+        return True
+    if port is not None:
+        return False
+    name, sep, port_text = host.rpartition(":")
+    return bool(sep) and port_text.isdigit() and name in allowed and not name.endswith(":")
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}; use GET"
+    elif exc.status_code == 404:
+        message = f"no route {shorten(request.url.path)}; routes are {', '.join(ROUTES)}"
+    else:
+        message = str(exc.detail)
+    return _error(exc.status_code, message, exc.headers)
+
+
+async def _bad_input(request: Request, exc: Exception) -> Response:
+    return _error(400, str(exc))
+
+
+async def _store_failed(request: Request, exc: Exception) -> Response:
+    logger.error("store error on %s: %s", request.url.path, exc)
+    return _error(503, f"the store failed: {exc}", {"Retry-After": "1"})
