@@ -221,3 +221,28 @@ def test_open_never_chmods_an_existing_directory(tmp_path: Path) -> None:
     fresh = tmp_path / "fresh"
     Store.open(fresh).close()
     assert fresh.stat().st_mode & 0o777 == 0o700
+
+
+def test_health_names_files_made_immutable_mid_run_and_recovers(tmp_path: Path) -> None:
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr(1) is not installed")
+    palace = tmp_path / "palace"
+    store = Store.open(palace)
+    files = [palace / name for name in os.listdir(palace)]
+    try:
+        fill(store, 2)
+        _chattr("+i", *files)
+        try:
+            with pytest.raises(StoreError) as caught:
+                fill(store, 1)
+            assert str(store.db_path) in str(caught.value)
+            problem = store.health_problem()
+            assert problem is not None and str(store.db_path) in problem
+            assert "read-only" in problem or "I/O error" in problem
+        finally:
+            subprocess.run(["chattr", "-i", *map(str, files)], check=False)
+        assert store.health_problem() is None
+        fill(store, 1)
+        assert store.counts()["events"] == 3
+    finally:
+        store.close()
