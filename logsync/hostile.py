@@ -304,12 +304,114 @@ class Stream:
 class Answer:
     status: int
     headers: tuple[tuple[str, str], ...] = JSON
-    body: Any = None  # dict/list (JSON), bytes, or a Stream
+    body: Any = None  # dict/list (JSON, or msgpack when asked), bytes, or a Stream
 
-    def encoded(self) -> bytes:
+    def encoded(self, msgpack: bool = False) -> tuple[tuple[tuple[str, str], ...], bytes]:
+        """(headers, bytes). A 200 object goes out as msgpack when the request asked
+        for it (as a logsync server does) unless an integer does not fit in 64 bits."""
         if isinstance(self.body, bytes):
-            return self.body
-        return json.dumps(self.body, ensure_ascii=False, separators=(",", ":")).encode()
+            return self.headers, self.body
+        if msgpack and self.status == 200 and self.headers == JSON:
+            try:
+                return MSGPACK, to_msgpack(self.body)
+            except OverflowError:
+                pass
+        return self.headers, to_json(self.body)
+
+
+# Encoders without a depth limit: a hostile answer may nest deeper than the stdlib
+# encoders (or msgpack's 511) allow, and must still reach the victim intact.
+
+
+class _Literal(str):
+    """Text already encoded (punctuation) on the JSON encoder's stack."""
+
+
+def to_json(value: Any) -> bytes:
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode(
+            "utf-8", "surrogatepass")
+    except RecursionError:
+        pass
+    parts: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Literal):
+            parts.append(str(item))
+        elif isinstance(item, dict):
+            parts.append("{")
+            stack.append(_Literal("}"))
+            pairs = list(item.items())
+            for index in range(len(pairs) - 1, -1, -1):
+                key, val = pairs[index]
+                stack.append(val)
+                stack.append(_Literal(json.dumps(str(key), ensure_ascii=False) + ":"))
+                if index:
+                    stack.append(_Literal(","))
+        elif isinstance(item, list | tuple):
+            parts.append("[")
+            stack.append(_Literal("]"))
+            for index in range(len(item) - 1, -1, -1):
+                stack.append(item[index])
+                if index:
+                    stack.append(_Literal(","))
+        else:
+            parts.append(json.dumps(item, ensure_ascii=False))
+    return "".join(parts).encode("utf-8", "surrogatepass")
+
+
+def to_msgpack(value: Any) -> bytes:
+    """msgpack of JSON-shaped values, any depth; OverflowError past 64-bit integers."""
+    out = bytearray()
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if item is None:
+            out += b"\xc0"
+        elif item is True or item is False:
+            out += b"\xc3" if item else b"\xc2"
+        elif isinstance(item, int):
+            out += _msgpack_int(item)
+        elif isinstance(item, float):
+            out += b"\xcb" + struct.pack(">d", item)
+        elif isinstance(item, str):
+            raw = item.encode("utf-8", "surrogatepass")
+            out += _msgpack_head(len(raw), 0xA0, 32, b"\xd9", b"\xda", b"\xdb") + raw
+        elif isinstance(item, list | tuple):
+            out += _msgpack_head(len(item), 0x90, 16, None, b"\xdc", b"\xdd")
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            out += _msgpack_head(len(item), 0x80, 16, None, b"\xde", b"\xdf")
+            for key, val in reversed(list(item.items())):
+                stack.append(val)
+                stack.append(str(key))
+        else:
+            raise TypeError(f"cannot encode {type(item).__name__} as msgpack")
+    return bytes(out)
+
+
+def _msgpack_int(n: int) -> bytes:
+    if 0 <= n < 128:
+        return bytes([n])
+    if -32 <= n < 0:
+        return struct.pack(">b", n)
+    if 0 <= n < 2**64:
+        return b"\xcf" + struct.pack(">Q", n)
+    if -(2**63) <= n < 0:
+        return b"\xd3" + struct.pack(">q", n)
+    raise OverflowError(f"{n} does not fit in msgpack's 64-bit integers")
+
+
+def _msgpack_head(n: int, fix: int, fix_limit: int, one: bytes | None, two: bytes,
+                  four: bytes) -> bytes:
+    if n < fix_limit:
+        return bytes([fix | n])
+    if one is not None and n < 256:
+        return one + bytes([n])
+    if n < 65536:
+        return two + struct.pack(">H", n)
+    return four + struct.pack(">I", n)
 
 
 def sse_frame(event: Mapping[str, Any]) -> bytes:
@@ -516,7 +618,7 @@ def _setup_one_bad(scene: Scene) -> None:
 def drip_mode(scene: Scene, path: str, params: dict[str, Any], honest: Answer) -> Answer:
     """Finding 10: a /sync/ops answer dripping one byte every 20 s (never a read timeout)."""
     if _is_ops(path, params, BAD_ORIGIN) and honest.status == 200:
-        return Answer(200, JSON, Stream("drip", length=len(honest.encoded()) + 1000,
+        return Answer(200, JSON, Stream("drip", length=len(honest.encoded()[1]) + 1000,
                                         fill=b" ", interval=DRIP_INTERVAL_S))
     return honest
 

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 import struct
 import threading
 import time
-from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from logsync.hostile import Answer, Scene, Stream
@@ -114,24 +112,28 @@ class HostileServer:
             request_line = await reader.readline()
             if not request_line:
                 return
-            while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                pass
+            wants_msgpack = False
+            while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "accept" and "application/msgpack" in value:
+                    wants_msgpack = True
             _method, target, _version = request_line.decode("latin-1").split(" ", 2)
             parts = urlsplit(target)
             params = dict(parse_qsl(parts.query, keep_blank_values=True))
             with self._lock:
                 self.requests.append((time.monotonic(), parts.path, params))
             answer = self.scene.answer(parts.path, params)
-            if not await self._send(writer, answer):
+            if not await self._send(writer, answer, wants_msgpack):
                 return
 
-    async def _send(self, writer: asyncio.StreamWriter, answer: Answer) -> bool:
+    async def _send(self, writer: asyncio.StreamWriter, answer: Answer,
+                    wants_msgpack: bool) -> bool:
         """Write one answer; False when the connection must end afterwards."""
         body = answer.body
         if isinstance(body, Stream):
             return await self._stream(writer, answer, body)
-        data = answer.encoded() if not isinstance(body, dict) else _json(body)
-        self._head(writer, answer, len(data))
+        headers, data = answer.encoded(msgpack=wants_msgpack)
+        self._head(writer, Answer(answer.status, headers), len(data))
         writer.write(data)
         await writer.drain()
         self.bytes_sent += len(data)
@@ -197,10 +199,6 @@ class HostileServer:
             await writer.drain()
         writer.write(spec.suffix)
         await writer.drain()
-
-
-def _json(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _reason(status: int) -> str:
