@@ -198,10 +198,8 @@ def _check_sync(state: Run, sync: subprocess.Popen[str], url: str) -> None:
         state.fail(f"`logsync sync` exit code should be 0 or 1 {said}")
     if rc == 1:
         _check_error_lines(state, err, url, said)
-    synced = {r["origin_replica"] for r in stored_rows(state.tmp / "syncer")
-              if r["origin_replica"] == GOOD_ORIGIN}
     held = sum(1 for r in stored_rows(state.tmp / "syncer") if r["origin_replica"] == GOOD_ORIGIN)
-    if not synced or held != GOOD_COUNT:
+    if held != GOOD_COUNT:
         state.fail(f"`logsync sync` did not sync the good origin ({held}/{GOOD_COUNT}) {said}")
 
 
@@ -296,6 +294,7 @@ def test_trailing_newline_origin_and_non_ascii_digits(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_huge_honest_page_is_pulled_by_halving(tmp_path: Path) -> None:
     """Finding 7: 300 valid ops of 250 KiB; a 5 000-op page is 77 MB > the 64 MiB cap."""
     def all_of_it(state: Run) -> None:
@@ -332,6 +331,7 @@ def test_sse_line_without_newline_is_cut(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_dripping_ops_answer_hits_the_deadline(tmp_path: Path) -> None:
     """Finding 10: /sync/ops drips one byte every 20 s (a read timeout never fires)."""
     exercise(Case("drip", (10,), sync="error", converge=150.0, sync_timeout=200.0), tmp_path)
