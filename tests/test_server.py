@@ -281,6 +281,7 @@ async def test_version_vector_shape_and_advertisement(store: Store) -> None:
         "version": __version__,
         "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify"],
         "max_page": 2000,
+        "max_page_bytes": 8 * 1024 * 1024,
     }
     ext = parse_extensions(body)
     assert (ext.msgpack, ext.inline_artifacts, ext.max_page_limit) == (True, True, 2000)
