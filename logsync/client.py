@@ -71,6 +71,10 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 # refused as too large and the engine asks for fewer ops.
 MAX_CONTAINERS = 1_000_000
 REQUEST_DEADLINE_S = 120.0
+# Bytes all of one client's answers in flight may hold together (a batch of first pages,
+# a prefetch): one answer may reach the cap, several big ones are refused as too large
+# (the engine then asks for smaller pages), so memory never scales with concurrency.
+MAX_BUFFERED_BYTES = 96 * 1024 * 1024
 RETRYABLE_STATUSES = frozenset({429, 503})
 UPSTREAM_CONCURRENCY = 4  # a MemPalace hub drops connections beyond its listen backlog
 OPS_PATH = "/sync/ops"
@@ -109,6 +113,7 @@ class PeerClient:
         self.max_backoff = max_backoff
         self.max_retry_after = max_retry_after
         self.request_deadline = request_deadline
+        self._buffered = 0  # bytes held by answers being read right now
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._upstream_limiter = anyio.CapacityLimiter(min(concurrency, UPSTREAM_CONCURRENCY))
         self._sleep = sleep or anyio.sleep
@@ -309,7 +314,7 @@ class PeerClient:
         answer = await anyio.to_thread.run_sync(_decode, ctype, body, where, self.name)
         return answer, len(body)
 
-    async def _read_capped(self, response: httpx.Response, where: str) -> bytes:
+    async def _read_capped(self, response: httpx.Response, where: str) -> bytearray:
         """The body, refusing it as soon as it passes the cap (announced or streamed)."""
         cap = self.max_response_bytes
         declared = response.headers.get("content-length", "")
@@ -318,16 +323,23 @@ class PeerClient:
                 f"{where} announced a {declared}-byte answer; the cap is {cap} bytes",
                 peer=self.name,
             )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > cap:
-                raise PeerTooLargeError(
-                    f"{where} sent an answer larger than the {cap}-byte cap", peer=self.name
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
+        body = bytearray()  # grown in place: no second copy at the end
+        shared = max(cap, MAX_BUFFERED_BYTES)
+        try:
+            async for chunk in response.aiter_bytes():
+                if len(body) + len(chunk) > cap:
+                    raise PeerTooLargeError(
+                        f"{where} sent an answer larger than the {cap}-byte cap", peer=self.name
+                    )
+                if self._buffered + len(chunk) > shared:
+                    raise PeerTooLargeError(
+                        f"{where}: answers in flight passed {shared} bytes together",
+                        peer=self.name)
+                self._buffered += len(chunk)
+                body += chunk
+        finally:
+            self._buffered -= len(body)
+        return body
 
     def _check_status(self, response: httpx.Response, body: bytes, where: str) -> None:
         status = response.status_code
@@ -462,7 +474,7 @@ def _caused_by_tls(exc: BaseException) -> bool:
     return False
 
 
-def _decode(content_type: str, body: bytes, where: str, peer: str) -> Any:
+def _decode(content_type: str, body: bytes | bytearray, where: str, peer: str) -> Any:
     """JSON or msgpack by content type, within bounds; anything undecodable is the peer's
     fault. Runs in a worker thread."""
     ctype = content_type.split(";")[0].strip().lower()
@@ -494,7 +506,7 @@ def _decode(content_type: str, body: bytes, where: str, peer: str) -> Any:
 _MSGPACK_CONTAINER_BYTES = [bytes([b]) for b in (*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF)]
 
 
-def count_containers(body: bytes, packed: bool) -> int:
+def count_containers(body: bytes | bytearray, packed: bool) -> int:
     """An upper bound on the arrays and objects a body decodes to, at C speed: `[` and `{`
     in JSON; in msgpack, every byte that could start an array or a map."""
     if not packed:
@@ -502,7 +514,7 @@ def count_containers(body: bytes, packed: bool) -> int:
     return sum(body.count(marker) for marker in _MSGPACK_CONTAINER_BYTES)
 
 
-def _error_text(body: bytes) -> str:
+def _error_text(body: bytes | bytearray) -> str:
     """The peer's `{"error": ...}` sentence if it sent one, cut to one line."""
     if len(body) > 64 * 1024:  # an error sentence is short; never decode a bomb here
         return ""

@@ -38,8 +38,10 @@ Rules of a round:
    down to one op. A 401/403 or a local store fault ends the round, and so do
    `TRANSIENT_ORIGINS_TO_GIVE_UP` transient failures in a row (the peer is gone).
 7. Everything is bounded: vector entries above `MAX_SEQ` skip their origin, and
-   a round applies at most `max_ops` ops (`capped`: the rest next round), so a
-   peer serving valid pages forever cannot hold a round open.
+   a round applies at most `MAX_OPS_PER_ROUND` ops, one origin at most
+   `MAX_OPS_PER_ORIGIN` (`capped`: the rest next round, at once), so a peer
+   serving valid pages forever can neither hold a round open nor starve the
+   origins after its own.
 
 Extensions are additive and negotiated (wire owned by `logsync/server.py`): a
 peer advertises them under `ADVERTISEMENT_KEY` in its version_vector answer,
@@ -76,6 +78,7 @@ UPSTREAM_PAGE_LIMIT = 500
 FIRST_PAGES_AT_ONCE = 4
 LARGE_PAGE_CEILING = 5000
 MAX_OPS_PER_ROUND = 250_000  # a round ends after this many ops; the next round goes on
+MAX_OPS_PER_ORIGIN = 50_000  # one origin's share of a round, so an endless one starves none
 TRANSIENT_ORIGINS_TO_GIVE_UP = 3
 
 ADVERTISEMENT_KEY = "logsync"
@@ -513,10 +516,11 @@ def pull_origin(
     `first` is the answer to the first page when the caller already fetched it.
     A page-level fault stops only this origin (rule 6)."""
     while not progress.stop_reason:
-        if report.ops_budget <= 0:
+        budget = min(report.ops_budget, MAX_OPS_PER_ORIGIN - (progress.reached - progress.start))
+        if budget <= 0:
             progress.stop_reason = STOP_CAPPED
             break
-        asked = min(limit, report.ops_budget)
+        asked = min(limit, budget)
         try:
             if first is not None:
                 answer, first = first, None

@@ -1035,3 +1035,15 @@ def test_a_forged_far_future_op_of_ours_is_compared_once_not_every_round(stores)
     second = pull(b, peer)
     assert len(peer.ops_requests()) == asked_before and not second.origins
     assert b.append_event("task.note", "s", "r", "lead")["origin_seq"] == 10
+
+
+def test_an_origin_takes_at_most_its_share_of_a_round(stores, monkeypatch):
+    """Finding 9: an origin served endlessly must not starve the origins after it."""
+    a, b, c = stores["a"], stores["b"], stores["c"]
+    append(c, 2)
+    pull(a, FakePeer(c))
+    append(a, 7)
+    monkeypatch.setattr(engine, "MAX_OPS_PER_ORIGIN", 3)
+    report = pull(b, FakePeer(a), page_limit=2)
+    assert report.origins[a.replica_id].applied == 3 and report.capped
+    assert report.origins[c.replica_id].applied == 2

@@ -356,10 +356,11 @@ def next_own_seq(conn: sqlite3.Connection, replica_id: str, top: int) -> int:
     """The origin_seq of our next local op: above everything we hold and above any slot of
     ours a peer holds that we refused (a far-future stamp), so a new op never re-uses a
     slot the fleet already has (it would reach no one)."""
-    refused = int(conn.execute(REFUSED_OWN_TOP_SQL, (replica_id,)).fetchone()[0])
-    if top < refused <= top + MAX_SLOT_SKIP and refused < model.MAX_SEQ:
-        top = refused
-    return top + 1
+    refused = int(conn.execute(
+        REFUSED_OWN_TOP_SQL + " AND origin_seq <= ?",
+        (replica_id, min(top + MAX_SLOT_SKIP, model.MAX_SEQ - 1)),
+    ).fetchone()[0])
+    return max(top, refused) + 1
 
 
 def _raw_seq(op: Any) -> int | None:
