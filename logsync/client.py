@@ -307,12 +307,18 @@ class PeerClient:
             ) from None
         except httpx.HTTPError as exc:
             raise _translate_transport(exc, where, self.name) from None
-        if response.status_code == 404 and request.missing_ok:
-            return None, len(body)
-        self._check_status(response, body, where)
-        ctype = response.headers.get("content-type", "")
-        answer = await anyio.to_thread.run_sync(_decode, ctype, body, where, self.name)
-        return answer, len(body)
+        size = len(body)
+        try:
+            if response.status_code == 404 and request.missing_ok:
+                return None, size
+            self._check_status(response, body, where)
+            ctype = response.headers.get("content-type", "")
+            answer = await anyio.to_thread.run_sync(_decode, ctype, body, where, self.name)
+        finally:
+            # Free the bytes now: a refused answer's traceback keeps this frame (and the
+            # buffer) alive until the cyclic collector runs, 60 MB at a time.
+            body.clear()
+        return answer, size
 
     async def _read_capped(self, response: httpx.Response, where: str) -> bytearray:
         """The body, refusing it as soon as it passes the cap (announced or streamed)."""
@@ -337,8 +343,11 @@ class PeerClient:
                         peer=self.name)
                 self._buffered += len(chunk)
                 body += chunk
-        finally:
+        except BaseException:
             self._buffered -= len(body)
+            body.clear()
+            raise
+        self._buffered -= len(body)
         return body
 
     def _check_status(self, response: httpx.Response, body: bytes, where: str) -> None:

@@ -101,3 +101,28 @@ def test_a_port_out_of_range_is_a_config_error(url: str) -> None:
     """Finding 4: port 99999 reached the socket layer as an OverflowError."""
     with pytest.raises(ConfigError, match="port must be 1-65535"):
         PeerClient(url)
+
+
+def test_refused_answers_are_freed_at_once_not_by_the_cyclic_collector() -> None:
+    """A refused 60 MB answer stayed alive in its traceback's frames: three in a row took
+    the victim daemon past 600 MB."""
+
+    class Bomb(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            yield b'{"events":[[]'
+            for _ in range(40_000_000 // 65535):
+                yield b",[]" * 21845
+
+    async def go() -> list[float]:
+        peaks = []
+        async with PeerClient(URL, attempts=1, transport=httpx.MockTransport(
+                lambda r: httpx.Response(200, stream=Bomb(),
+                                         headers={"content-type": "application/json"}))) as c:
+            for _ in range(4):
+                with pytest.raises(PeerTooLargeError):
+                    await c.fetch(Request("/sync/ops"))
+                peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        return peaks
+
+    peaks = anyio.run(go)
+    assert peaks[-1] - peaks[0] < 20, peaks
