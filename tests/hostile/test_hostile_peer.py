@@ -123,6 +123,7 @@ def exercise(case: Case, tmp: Path, *, prepare: Step | None = None,
         _settle(state)
         if live and victim.alive():
             live(state)
+        _check_delivered(state)
         _check_sync(state, sync, server.url)
         if after_sync and victim.alive():
             after_sync(state)
@@ -172,6 +173,21 @@ def _settle(state: Run) -> None:
         if done is not None and done(state):
             return
         time.sleep(0.1)
+
+
+def _check_delivered(state: Run) -> None:
+    """The attack reached the victim: it asked for a bad origin (or the bad stream)."""
+    mode = state.case.mode
+    if mode == "honest":
+        return
+    if mode.startswith("sse_"):
+        asked = state.hostile.seen("/logstream/stream")
+    else:
+        answer = state.scene.answer("/sync/version_vector", {})
+        bad = {o for o in answer.body["version_vector"] if o != GOOD_ORIGIN}
+        asked = [p for p in state.hostile.seen("/sync/ops") if p.get("origin") in bad]
+    if not asked:
+        state.fail(f"the victim never asked for what mode {mode} bends: the test proves nothing")
 
 
 def _check_sync(state: Run, sync: subprocess.Popen[str], url: str) -> None:
