@@ -623,11 +623,35 @@ def drip_mode(scene: Scene, path: str, params: dict[str, Any], honest: Answer) -
     return honest
 
 
-def _setup_sse_far_origin(scene: Scene) -> None:
-    scene.held[BAD_ORIGIN] = chain(BAD_ORIGIN, 3)
+def far_frame() -> bytes:
+    """An SSE frame naming BAD_ORIGIN at origin_seq 2**62 (finding 10)."""
     far = make_event(BAD_ORIGIN, 4)
     far["origin_seq"] = MAX_SEQ
-    scene.stream_frames.append(sse_frame(far))
+    return sse_frame(far)
+
+
+def _setup_sse_far_origin(scene: Scene) -> None:
+    scene.stream_frames.append(far_frame())
+
+
+def sse_far_origin_mode(scene: Scene, path: str, params: dict[str, Any],
+                        honest: Answer) -> Answer:
+    """Finding 10: a frame names BAD_ORIGIN at 2**62 (our vector never lists it, so only
+    a pull the frame starts asks for it), and that pull drips: a claim on the origin
+    that never ends unless claims are bounded. An honest partner peer (`partner_scene`)
+    holds BAD_ORIGIN and announces its new ops; they must still be pulled."""
+    if _is_ops(path, params, BAD_ORIGIN):
+        return Answer(200, JSON, Stream("drip", length=1000, fill=b" ",
+                                        interval=DRIP_INTERVAL_S))
+    return honest
+
+
+def partner_scene() -> Scene:
+    """The honest peer next to an `sse_far_origin` one: it holds BAD_ORIGIN 1..3."""
+    scene = Scene.build("honest")
+    scene.replica_id = "rep_" + "d" * 32
+    scene.held[BAD_ORIGIN] = chain(BAD_ORIGIN, 3)
+    return scene
 
 
 def _setup_bomb(scene: Scene) -> None:
@@ -728,7 +752,7 @@ MODES: dict[str, Callable[[Scene, str, dict[str, Any], Answer], Answer]] = {
     "endless_pages": endless_mode,
     "sse_no_newline": sse_no_newline_mode,
     "drip": drip_mode,
-    "sse_far_origin": honest_mode,
+    "sse_far_origin": sse_far_origin_mode,
     "msgpack_bomb": msgpack_bomb_mode,
     "json_bomb": json_bomb_mode,
     "forged_own_far_future": forged_own_mode,

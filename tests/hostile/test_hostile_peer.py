@@ -391,7 +391,7 @@ def test_sse_frame_at_far_origin_seq_does_not_hold_the_origin(tmp_path: Path) ->
         scene.held[hostile.BAD_ORIGIN].append(new)
         scene.stream_frames.append(sse_frame(new))
         try:
-            wait_until(lambda: victim.vector().get(hostile.BAD_ORIGIN) == 4, 75,
+            wait_until(lambda: victim.vector().get(hostile.BAD_ORIGIN) == 4, 20,
                        "an op the partner announced after the far frame never arrived",
                        victim.log_text)
         except AssertionError as exc:
