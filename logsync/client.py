@@ -35,7 +35,13 @@ import anyio.to_thread
 import httpx
 import msgpack
 from anyio.abc import TaskGroup
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+)
 from tenacity.wait import wait_random_exponential
 
 from logsync import __version__
@@ -60,6 +66,10 @@ from logsync.errors import (
     PeerTransientError,
     shorten,
 )
+
+
+class PeerDeadlineError(PeerTransientError):
+    """An answer that did not finish within the request deadline (not retried)."""
 
 logger = logging.getLogger("logsync.client")
 
@@ -266,7 +276,9 @@ class PeerClient:
     async def fetch(self, request: Request) -> tuple[Any, int]:
         """Perform one request with retries on the transient branch: (answer, body bytes)."""
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(PeerTransientError),
+            # A peer that dripped an answer past the deadline would only drip again.
+            retry=(retry_if_exception_type(PeerTransientError)
+                   & retry_if_not_exception_type(PeerDeadlineError)),
             stop=stop_after_attempt(self.attempts) | self._hint_too_long,
             wait=self._wait,
             sleep=self._sleep,
@@ -302,7 +314,7 @@ class PeerClient:
                                              headers=headers) as response:
                     body = await self._read_capped(response, where)
         except TimeoutError:
-            raise PeerTransientError(
+            raise PeerDeadlineError(
                 f"{where} did not finish within {self.request_deadline:g} s", peer=self.name
             ) from None
         except httpx.HTTPError as exc:
