@@ -80,7 +80,7 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 # also counts brackets inside strings), so a page that passes it only in halves is
 # refused as too large and the engine asks for fewer ops.
 MAX_CONTAINERS = 1_000_000
-REQUEST_DEADLINE_S = 120.0
+REQUEST_DEADLINE_S = 60.0
 # Bytes all of one client's answers in flight may hold together (a batch of first pages,
 # a prefetch): one answer may reach the cap, several big ones are refused as too large
 # (the engine then asks for smaller pages), so memory never scales with concurrency.
