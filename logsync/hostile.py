@@ -507,17 +507,25 @@ def honest_mode(scene: Scene, path: str, params: dict[str, Any], honest: Answer)
     return honest
 
 
+OVERFLOW_ORIGIN = bad_origin(1)  # an ordinary vector entry, a page ending at 2**63
+
+
 def _setup_seq_overflow(scene: Scene) -> None:
     scene.held[BAD_ORIGIN] = chain(BAD_ORIGIN, 3)
     scene.vector_extra[BAD_ORIGIN] = 2**64 - 1
+    scene.held[OVERFLOW_ORIGIN] = chain(OVERFLOW_ORIGIN, 3)
+    scene.vector_extra[OVERFLOW_ORIGIN] = 4
 
 
 def seq_overflow_mode(scene: Scene, path: str, params: dict[str, Any], honest: Answer) -> Answer:
-    """Finding 1: vector entry 2**64-1; the page ends with an op at origin_seq 2**63."""
-    if _is_ops(path, params, BAD_ORIGIN) and honest.status == 200:
+    """Finding 1: BAD_ORIGIN has the vector entry 2**64-1 (a receiver may refuse it at the
+    vector); OVERFLOW_ORIGIN has an ordinary entry and its page ends with an op at
+    origin_seq 2**63 (only the op validator or the store can refuse that)."""
+    origin = params.get("origin")
+    if path == "/sync/ops" and origin in (BAD_ORIGIN, OVERFLOW_ORIGIN) and honest.status == 200:
         events = list(honest.body["events"])
-        tail = make_event(BAD_ORIGIN, 4)
-        events += [overflow_seq(tail, 2**63)]
+        if not events or events[-1]["origin_seq"] < 2**63:
+            events += [overflow_seq(make_event(str(origin), 4), 2**63)]
         return _page(honest, events)
     return honest
 
