@@ -56,7 +56,10 @@ log = logging.getLogger("logsync.daemon")
 
 PEERS_POLL_S = 1.0
 ROUND_DEADLINE_S = 600.0  # a round is capped at MAX_OPS_PER_ROUND ops: minutes at most
-CLAIM_TTL_S = ROUND_DEADLINE_S
+# A claim keeps a second peer from pulling the same origin at once; it is a courtesy, not
+# a lock (applying twice is idempotent), so it lapses soon: a claiming pull that drips
+# must not hold back an honest peer's newer ops for long.
+CLAIM_TTL_S = 10.0
 STORE_CHECK_S = 5.0
 MAX_NOTIFIED = 1024  # origins remembered from frames between rounds; beyond: a full round
 GRACEFUL_SHUTDOWN_S = 3.0  # event streams never end on their own; cut them after this
@@ -293,14 +296,19 @@ class Daemon:
         try:
             with anyio.fail_after(ROUND_DEADLINE_S):
                 local = await anyio.to_thread.run_sync(self.store.version_vector)
+                claims = self._claims(now)
                 targets = choose_targets(
-                    task.notified, local, self.store.replica_id, self._claims(now),
+                    task.notified, local, self.store.replica_id, claims,
                     extensions_known=task.extensions is not None and not task.wants_full,
                     since_full=now - task.last_full, interval=self.config.interval,
                 )
-                task.notified = {}
-                if targets == {}:  # every notified op is already here: no request, no news
+                # Origins another peer's pull has claimed are kept for after its claim.
+                task.notified = {} if targets is None else {
+                    o: t for o, t in task.notified.items()
+                    if o not in targets and t > local.get(o, 0) and claims.get(o, 0) >= t}
+                if targets == {}:  # nothing to pull now: no request, no news
                     schedule.succeeded(anyio.current_time())
+                    self._recheck_held_back(task, schedule)
                     return
                 report = await self._pull(client, task, targets)
         except Exception as exc:  # noqa: BLE001 - invariant 9: nothing leaves this loop
@@ -311,7 +319,14 @@ class Daemon:
                 task.wake = anyio.Event()
                 schedule.notified(anyio.current_time())
             schedule.succeeded(anyio.current_time())
+            self._recheck_held_back(task, schedule)
         await anyio.to_thread.run_sync(self._save_state)
+
+    def _recheck_held_back(self, task: _PeerTask, schedule: PullSchedule) -> None:
+        """Notified origins held back by a claim are pulled when it lapses or is released."""
+        lapses = [self._inflight[o][1] for o in task.notified if o in self._inflight]
+        if task.notified:
+            schedule.due_by(min(lapses) if lapses else anyio.current_time())
 
     def _round_failed(self, task: _PeerTask, state: PeerState, schedule: PullSchedule,
                       exc: Exception) -> None:

@@ -761,6 +761,7 @@ class PullSchedule:
       the peer's Retry-After hint.
     - `notified(now)`: due within `debounce` (bursts collapse into one pull), not
       before a Retry-After hold; during a round, remembered for its end.
+    - `due_by(at)`: due no later than `at` (a held-back notification's claim lapses).
     """
 
     rng: random.Random
@@ -820,6 +821,12 @@ class PullSchedule:
             self.hold_until = now + retry_after
             delay = max(delay, retry_after)
         return self._set(now + delay)
+
+    def due_by(self, at: float) -> float | None:
+        """Due no later than `at` (e.g. when a claim another peer holds lapses)."""
+        if not self.running and (self.next_due is None or at < self.next_due):
+            self.next_due = at
+        return self.next_due
 
     def notified(self, now: float) -> float | None:
         if self.running:

@@ -18,7 +18,7 @@ import pytest
 
 from logsync.client import PeerClient
 from logsync.daemon import CLAIM_TTL_S, MAX_NOTIFIED, Daemon, DaemonConfig, _PeerTask
-from logsync.engine import PullSchedule
+from logsync.engine import Extensions, PullSchedule
 from logsync.errors import StoreError
 from logsync.peers import Peer
 
@@ -106,9 +106,10 @@ def test_a_store_fault_pauses_pulls_answers_503_and_clears_by_itself(
 def test_claims_expire_and_notifications_stay_bounded(daemon: Daemon) -> None:
     """Finding 10: a frame naming an origin at 2**62 held it 'in flight' for good."""
     origin = "rep_" + "a" * 32
-    daemon._inflight[origin] = (2**62, 100.0)
-    assert daemon._claims(99.0) == {origin: 2**62}
-    assert daemon._claims(100.0 + CLAIM_TTL_S * 0) == {}
+    daemon._inflight[origin] = (2**62, 100.0 + CLAIM_TTL_S)
+    assert daemon._claims(100.0) == {origin: 2**62}
+    assert daemon._claims(100.0 + CLAIM_TTL_S) == {}
+    assert CLAIM_TTL_S <= 10
 
     async def go() -> None:
         task = _PeerTask(peer=PEER, scope=anyio.CancelScope())
@@ -118,3 +119,26 @@ def test_claims_expire_and_notifications_stay_bounded(daemon: Daemon) -> None:
         assert len(task.notified) <= MAX_NOTIFIED and task.wants_full
 
     anyio.run(go)
+
+
+def test_a_notification_held_back_by_a_claim_is_kept_for_when_the_claim_lapses(
+    daemon: Daemon,
+) -> None:
+    """Finding 10: a claim at 2**62 (its pull dripping) swallowed an honest peer's frame."""
+    origin = "rep_" + "b" * 32
+
+    async def go() -> tuple[dict[str, int], float | None, float]:
+        now = anyio.current_time()
+        daemon._inflight[origin] = (2**62, now + CLAIM_TTL_S)
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope())
+        task.extensions, task.wants_full, task.last_full = Extensions(), False, now
+        task.note(origin, 4)
+        schedule = PullSchedule(rng=random.Random(1), interval=60.0)
+        schedule.start(now)
+        async with PeerClient(PEER.url, name=task.label) as client:
+            await daemon._one_round(client, task, schedule)
+        return task.notified, schedule.next_due, now
+
+    notified, due, now = anyio.run(go)
+    assert notified == {origin: 4}
+    assert due is not None and due <= now + CLAIM_TTL_S + 0.5
