@@ -66,6 +66,7 @@ from logsync.errors import (
     PeerTransientError,
     shorten,
 )
+from logsync.peers import redact_url
 
 
 class PeerDeadlineError(PeerTransientError):
@@ -116,7 +117,7 @@ class PeerClient:
         sleep: Sleep | None = None,
     ) -> None:
         self.url = _check_url(url)
-        self.name = name or self.url
+        self.name = name or redact_url(self.url)
         self.max_response_bytes = max_response_bytes
         self.attempts = attempts
         self.backoff = backoff
@@ -549,14 +550,18 @@ def _error_text(body: bytes | bytearray) -> str:
 
 
 def _check_url(url: object) -> str:
+    shown = shorten(redact_url(url) if isinstance(url, str) else url)
     try:
         parsed = httpx.URL(url) if isinstance(url, str) else None
     except httpx.InvalidURL:
         parsed = None
     if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigError(f"peer url {shorten(url)} is invalid: expected http(s)://host[:port]")
+        raise ConfigError(f"peer url {shown} is invalid: expected http(s)://host[:port]")
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
-        raise ConfigError(f"peer url {shorten(url)} is invalid: the port must be 1-65535")
+        raise ConfigError(f"peer url {shown} is invalid: the port must be 1-65535")
+    if parsed.query or parsed.fragment:
+        raise ConfigError(f"peer url {shown} is invalid: it must not carry a "
+                          "query or fragment (the request paths are joined onto it)")
     return str(parsed).rstrip("/")
 
 

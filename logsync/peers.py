@@ -62,6 +62,12 @@ def check_url(url: object) -> str:
         raise ValidationError(
             f"peer url={shown!r} is invalid: the port must be a number from 1 to 65535"
         )
+    if parts.query or parts.fragment:
+        # The request paths are joined onto the URL: a query would swallow them.
+        raise ValidationError(
+            f"peer url={shown!r} is invalid: it must not carry a query or fragment "
+            "(pass a token with --token)"
+        )
     return url.strip().rstrip("/")
 
 

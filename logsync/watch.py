@@ -22,6 +22,7 @@ import httpx
 
 from logsync import __version__
 from logsync.model import MAX_SEQ
+from logsync.peers import redact_url
 from logsync.replica import is_replica_id
 
 log = logging.getLogger("logsync.watch")
@@ -63,9 +64,9 @@ async def watch_stream(
                 if await _follow(http, url.rstrip("/") + "/logstream/stream", on_change):
                     delay = 1.0
             except (httpx.HTTPError, anyio.EndOfStream, OSError) as exc:
-                log.debug("stream %s: %s", url, exc)
+                log.debug("stream %s: %s", redact_url(url), exc)
             except LineTooLong as exc:
-                log.warning("stream %s: %s; reconnecting later", url, exc)
+                log.warning("stream %s: %s; reconnecting later", redact_url(url), exc)
             await anyio.sleep(delay / 2 + rng.uniform(0, delay / 2))
             delay = min(delay * 2, backoff_cap)
 
@@ -74,7 +75,7 @@ async def _follow(http: httpx.AsyncClient, url: str, on_change: Change) -> bool:
     """Read one connection's frames; True if it was accepted (resets the backoff)."""
     async with http.stream("GET", url) as response:
         if response.status_code != 200:
-            log.info("stream %s answered %s; retrying later", url, response.status_code)
+            log.info("stream %s answered %s; retrying later", redact_url(url), response.status_code)
             return False
         on_change(None, None)
         async for line in bounded_lines(response.aiter_bytes(), MAX_LINE_BYTES):

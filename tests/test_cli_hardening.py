@@ -115,7 +115,7 @@ def test_redact_url_drops_userinfo_and_masks_secret_query_values() -> None:
 
 def test_peer_credentials_never_reach_peers_list_or_status(tmp_path: Path) -> None:
     palace = tmp_path / "p"
-    url = "http://alice:hunter2@127.0.0.1:9/?token=s3cret"
+    url = "http://alice:hunter2@127.0.0.1:9/"
     assert run(palace, "peers", "add", "y", url).returncode == 0
     (palace / "peers.json").write_text(json.dumps(
         {"peers": [{"name": "y", "url": url}, {"url": "http://bob:pw@127.0.0.1:8/"}]}))
@@ -124,7 +124,7 @@ def test_peer_credentials_never_reach_peers_list_or_status(tmp_path: Path) -> No
         done = run(palace, *args)
         assert done.returncode == 0, done.stderr
         shown = done.stdout + done.stderr
-        for secret in ("hunter2", "s3cret", "alice", "bob:pw"):
+        for secret in ("hunter2", "alice", "bob:pw"):
             assert secret not in shown, (args, shown)
         assert "127.0.0.1:9" in shown
 
@@ -141,3 +141,20 @@ def test_whitespace_only_tokens_are_refused(tmp_path: Path) -> None:
     line = one_error_line(run(tmp_path / "p", "serve", "--port", "1",
                               env={"LOGSYNC_TOKEN": "  "}))
     assert "whitespace only" in line and "LOGSYNC_TOKEN" in line
+
+
+def test_sync_refuses_a_whitespace_token_and_a_url_with_a_query(tmp_path: Path) -> None:
+    """A query in a peer URL would swallow every request path (httpx joins paths onto it)."""
+    from click.testing import CliRunner
+
+    from logsync.cli import cli
+
+    palace = str(tmp_path / "p")
+    runner = CliRunner()
+    blank = runner.invoke(cli, ["--palace", palace, "sync", "--peer", "http://127.0.0.1:9",
+                                "--token", "   "])
+    assert blank.exit_code == 1 and "--token" in blank.output
+    query = runner.invoke(cli, ["--palace", palace, "sync", "--peer",
+                                "http://127.0.0.1:9/?token=hush"])
+    assert query.exit_code == 1 and "query" in query.output and "hush" not in query.output
+    assert "Traceback" not in blank.output + query.output

@@ -79,7 +79,8 @@ def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str
     """One pull round against one peer or every configured peer; exit 1 if any failed."""
     palace = palace_of(ctx)
     if peer_url:
-        targets = [peers_mod.Peer(url=peers_mod.check_url(peer_url), token=token)]
+        targets = [peers_mod.Peer(url=peers_mod.check_url(peer_url),
+                                  token=peers_mod.check_token(token, "--token"))]
     else:
         targets = peers_mod.load_peers(palace)
         if not targets:
