@@ -27,7 +27,7 @@ import json
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
 from typing import Any
 
 import anyio
@@ -162,11 +162,13 @@ class PeerClient:
         page_limit: int | None = None,
         use_extensions: bool = True,
         report: RoundReport | None = None,
+        held_back: Collection[str] = (),
     ) -> RoundReport:
         """Drive one engine pull round against this peer; raises a PeerError on failure
         (pages applied before it stay applied; `report` shows how far it got)."""
         report = report if report is not None else RoundReport(peer=self.name)
         gen = pull_round(store, self.name, page_limit=page_limit, use_extensions=use_extensions,
+                         held_back=held_back,
                          batch_artifacts=True, report=report)
         outcome: RoundReport | LogsyncError
         async with anyio.create_task_group() as prefetches:

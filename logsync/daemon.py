@@ -44,7 +44,14 @@ from logsync.defaults import (
     DEFAULT_ORIGINS_IN_FLIGHT,
     DEFAULT_PORT,
 )
-from logsync.engine import Extensions, PullSchedule, RoundReport, choose_targets, error_kind
+from logsync.engine import (
+    Extensions,
+    OriginBackoff,
+    PullSchedule,
+    RoundReport,
+    choose_targets,
+    error_kind,
+)
 from logsync.errors import ConfigError, LogsyncError, PeerTransientError, StoreError
 from logsync.peerstate import PeerBook, PeerState
 from logsync.server import create_app, is_loopback_host
@@ -105,6 +112,7 @@ class _PeerTask:
     wants_full: bool = True  # a (re)connected stream may have missed frames
     extensions: Extensions | None = None  # known after the first full round
     last_full: float = float("-inf")
+    backoff: OriginBackoff | None = None  # per-origin, made with the daemon's rng
 
     @property
     def label(self) -> str:
@@ -348,6 +356,11 @@ class Daemon:
         hint = exc.retry_after if isinstance(exc, PeerTransientError) else None
         schedule.failed(anyio.current_time(), hint)
 
+    def _backoff(self, task: _PeerTask) -> OriginBackoff:
+        if task.backoff is None:
+            task.backoff = OriginBackoff(rng=self._rng)
+        return task.backoff
+
     def _claims(self, now: float) -> dict[str, int]:
         """Unexpired claims (origin -> top); expired ones are dropped."""
         for origin, (_, expires) in list(self._inflight.items()):
@@ -360,18 +373,24 @@ class Daemon:
         if targets is None:
             task.wants_full = False
             task.last_full = anyio.current_time()
-            report = await client.run_round(self.store)
+            report = await client.run_round(
+                self.store, held_back=self._backoff(task).held(task.last_full))
             task.extensions = report.negotiated
+            self._backoff(task).record(report, anyio.current_time())
             return report
         assert task.extensions is not None
         now = anyio.current_time()
+        backing_off = self._backoff(task).held(now)
+        targets = {o: t for o, t in targets.items() if o not in backing_off}
         held = self._claims(now)
         claimed = {o: t for o, t in targets.items() if t > held.get(o, 0)}
         expires = now + CLAIM_TTL_S
         self._inflight.update({o: (t, expires) for o, t in claimed.items()})  # one puller each
         try:
-            return await client.run_targeted(self.store, targets, task.extensions,
-                                             origins_in_flight=DEFAULT_ORIGINS_IN_FLIGHT)
+            report = await client.run_targeted(self.store, targets, task.extensions,
+                                               origins_in_flight=DEFAULT_ORIGINS_IN_FLIGHT)
+            self._backoff(task).record(report, anyio.current_time())
+            return report
         finally:
             for origin, top in claimed.items():
                 if self._inflight.get(origin, (None,))[0] == top:

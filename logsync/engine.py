@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -374,8 +374,11 @@ def pull_round(
     use_extensions: bool = True,
     batch_artifacts: bool = False,
     report: RoundReport | None = None,
+    held_back: Collection[str] = (),
 ) -> RoundGen:
     """One anti-entropy round against `peer` (a name or URL used in messages).
+    Origins in `held_back` (backing off after failures, see `OriginBackoff`) are
+    left for a later round.
 
     `page_limit` None means as large as the peer allows (500 for upstream);
     `batch_artifacts` means the driver takes `Batch` steps: a page's artifact
@@ -390,8 +393,9 @@ def pull_round(
     _fill_header(report, remote, ext)
     report.local_vector_before = dict(store.version_vector())
     limit = _effective_limit(page_limit, ext)
-    ranges = missing_ranges(report.local_vector_before, remote.vector, store.replica_id,
-                            store.own_seen_top())
+    ranges = [r for r in missing_ranges(report.local_vector_before, remote.vector,
+                                        store.replica_id, store.own_seen_top())
+              if r[0] not in held_back]
     group = FIRST_PAGES_AT_ONCE if batch_artifacts else 1
     for start in range(0, len(ranges), group):
         chunk = [OriginProgress(origin=o, start=a, target=t, reached=a)
@@ -745,6 +749,34 @@ def drive(round_gen: Generator[Step, Any, Any], perform: Callable[[Request], Any
             step = round_gen.send(answer)
     except StopIteration as stop:
         return stop.value
+
+
+@dataclass
+class OriginBackoff:
+    """Per-origin backoff of one peer (rule 6): an origin that failed is left out of that
+    peer's rounds for `base * 2**(n-1)` seconds (capped, equal jitter) after its n-th
+    failure in a row; a round in which it does not fail clears it. Times are the
+    caller's seconds; nothing here reads a clock."""
+
+    rng: random.Random
+    base: float = 5.0
+    cap: float = 300.0
+    failures: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def held(self, now: float) -> set[str]:
+        """Origins to leave out of a round starting at `now`."""
+        return {origin for origin, (_, until) in self.failures.items() if until > now}
+
+    def record(self, report: RoundReport, now: float) -> None:
+        """Fold one finished round in: failed origins back off, pulled ones are cleared."""
+        failed = report.failed_origins()
+        for origin in report.origins:
+            if origin not in failed:
+                self.failures.pop(origin, None)
+        for origin in failed:
+            count = self.failures.get(origin, (0, 0.0))[0] + 1
+            delay = min(self.cap, self.base * 2 ** min(count - 1, 32))
+            self.failures[origin] = (count, now + delay / 2 + self.rng.uniform(0, delay / 2))
 
 
 @dataclass

@@ -22,7 +22,7 @@ from logsync.engine import Extensions, PullSchedule
 from logsync.errors import StoreError
 from logsync.peers import Peer
 
-PEER = Peer(url="http://user:secret@127.0.0.1:9/?token=hush", name=None)
+PEER = Peer(url="http://user:secret@127.0.0.1:9/", name=None)
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_any_exception_in_a_round_is_recorded_and_backs_off_only_that_peer(
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING
                 or r.levelno == logging.ERROR]
     assert warnings and all("\n" not in r.getMessage() for r in warnings)
-    assert all("secret" not in r.getMessage() and "hush" not in r.getMessage()
+    assert all("secret" not in r.getMessage() and "user:" not in r.getMessage()
                for r in caplog.records)
     if kind == "internal":
         assert any(r.exc_info for r in caplog.records if r.levelno == logging.DEBUG)
@@ -142,3 +142,32 @@ def test_a_notification_held_back_by_a_claim_is_kept_for_when_the_claim_lapses(
     notified, due, now = anyio.run(go)
     assert notified == {origin: 4}
     assert due is not None and due <= now + CLAIM_TTL_S + 0.5
+
+
+def test_the_daemon_holds_back_an_origin_that_failed(daemon: Daemon, monkeypatch: Any) -> None:
+    from logsync.engine import OriginProgress, RoundReport
+
+    origin = "rep_" + "c" * 32
+    seen: list[set[str]] = []
+
+    async def fake(self: PeerClient, store: Any, *, held_back: Any = (), **kw: Any) -> Any:
+        seen.append(set(held_back))
+        report = RoundReport(peer="x")
+        report.origins[origin] = OriginProgress(origin, 0, 5, 0, stop_reason="failed: 500",
+                                                error_kind="transport")
+        return report
+
+    monkeypatch.setattr(PeerClient, "run_round", fake)
+
+    async def go() -> None:
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope())
+        schedule = PullSchedule(rng=random.Random(1), interval=10.0)
+        async with PeerClient(PEER.url, name=task.label) as client:
+            for _ in range(2):
+                schedule.start(anyio.current_time())
+                await daemon._one_round(client, task, schedule)
+
+    anyio.run(go)
+    assert seen == [set(), {origin}]
+    (state,) = daemon.book.peers.values()
+    assert state.reachable and origin in state.failed_origins

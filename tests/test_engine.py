@@ -1047,3 +1047,35 @@ def test_an_origin_takes_at_most_its_share_of_a_round(stores, monkeypatch):
     report = pull(b, FakePeer(a), page_limit=2)
     assert report.origins[a.replica_id].applied == 3 and report.capped
     assert report.origins[c.replica_id].applied == 2
+
+
+def test_a_failing_origin_backs_off_and_a_clean_round_clears_it(stores):
+    """Rule 6: a failed origin is retried with backoff on later rounds, not every round."""
+    a, b, c = stores["a"], stores["b"], stores["c"]
+    append(c, 2)
+    pull(a, FakePeer(c))
+    append(a, 2)
+    honest = FakePeer(a)
+    broken = {c.replica_id}
+
+    def flaky(request: Request) -> Any:
+        if request.path == "/sync/ops" and request.params["origin"] in broken:
+            raise PeerTransientError("peer-a: answered 500", peer="peer-a")
+        return honest(request)
+
+    backoff = engine.OriginBackoff(rng=random.Random(3), base=10.0, cap=40.0)
+    delays = []
+    for n in range(4):
+        report = drive(pull_round(b, "peer-a", held_back=backoff.held(100.0 * n)), flaky)
+        backoff.record(report, 100.0 * n)
+        count, until = backoff.failures[c.replica_id]
+        delays.append(until - 100.0 * n)
+        assert count == n + 1 and c.replica_id in backoff.held(100.0 * n + 1)
+    assert 5 <= delays[0] <= 10 and 20 <= delays[2] <= 40 and 20 <= delays[3] <= 40
+    asked = len(honest.ops_requests())
+    drive(pull_round(b, "peer-a", held_back=backoff.held(400.0)), flaky)
+    assert len(honest.ops_requests()) == asked  # held back: not even asked
+    broken.clear()
+    report = drive(pull_round(b, "peer-a", held_back=backoff.held(1000.0)), flaky)
+    backoff.record(report, 1000.0)
+    assert report.origins[c.replica_id].applied == 2 and not backoff.failures
