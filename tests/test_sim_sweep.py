@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from logsync import hostile
 from logsync.sim import parse_scenario, run_scenario
 from logsync.sim.scenario import (
     ACTIONS,
@@ -27,12 +28,14 @@ from logsync.sim.scenario import (
 )
 
 ms = st.integers(1, 120).map(lambda v: v / 1000)
+REFUSABLE = tuple(k for k in hostile.SIM_KINDS if k != "numeric_fork") + (
+    "corrupt", "wrong_origin", "bad_artifact")
 
 
 @st.composite
 def faults(draw: st.DrawFn, nodes: tuple[str, ...], duration: float) -> Fault:
     kind = draw(st.sampled_from(["partition", "oneway", "isolate", "crash", "clock_jump",
-                                 "flap", "slow", "link"]))
+                                 "flap", "slow", "link", "byzantine"]))
     at = draw(st.integers(0, int(duration * 10) - 1)) / 10
     until = min(duration, at + draw(st.integers(1, 60)) / 10)
     node = draw(st.sampled_from(nodes))
@@ -53,6 +56,13 @@ def faults(draw: st.DrawFn, nodes: tuple[str, ...], duration: float) -> Fault:
     if kind == "flap":
         return Fault(kind, at, until, nodes=(node, draw(st.sampled_from(others))),
                      period=draw(st.integers(2, 20)) / 10)
+    if kind == "byzantine":
+        # The hostile corpus (logsync/hostile.py), as tests/hostile throws it at real
+        # processes: every kind a replica must refuse. `numeric_fork` and `fork` serve valid
+        # but altered ops, which no unsigned replica can tell from the truth (issue 10).
+        kinds = draw(st.lists(st.sampled_from(REFUSABLE), min_size=1, max_size=4, unique=True))
+        return Fault(kind, at, until, node=node, rate=draw(st.integers(1, 8)) / 10,
+                     tamper=tuple(kinds))
     if kind == "slow":
         return Fault(kind, at, until, node=node, serve_delay=draw(st.integers(1, 15)) / 10)
     spec = LinkSpec(Latency("fixed", -1.0), loss=draw(st.integers(0, 60)) / 100,
