@@ -249,13 +249,13 @@ class PeerClient:
         return answer
 
     async def _perform_batch(self, requests: tuple[Request, ...], report: RoundReport) -> list:
-        """Independent requests side by side (bounded); the first failure cancels the rest.
+        """Independent requests side by side (bounded); a failed request is answered by its
+        PeerError, so one origin's slow or failing page never costs the others theirs.
 
         A peer without logsync extensions (a MemPalace hub) closes every connection and
         listens with a backlog of 5, so it gets fewer requests in flight.
         """
         answers: list[Any] = [None] * len(requests)
-        failures: list[PeerError] = []
         limiter = self._limiter if report.extensions else self._upstream_limiter
 
         async def one(index: int, request: Request) -> None:
@@ -264,14 +264,11 @@ class PeerClient:
                     answers[index], size = await self.fetch(request)
                     report.bytes_received += size
                 except PeerError as exc:
-                    failures.append(exc)
-                    group.cancel_scope.cancel()
+                    answers[index] = exc
 
         async with anyio.create_task_group() as group:
             for index, request in enumerate(requests):
                 group.start_soon(one, index, request)
-        if failures:
-            raise failures[0]
         return answers
 
     # ── one request ───────────────────────────────────────────────────

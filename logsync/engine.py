@@ -3,8 +3,10 @@
 A pull round is a generator (STYLE.md §1-2). It yields a `Request` ("GET this
 path with these params") or a `Batch` of them, and receives the decoded answer
 through `send()`: a dict, or None for a 404 on a request marked `missing_ok`
-(a `Batch` receives a list of answers in order). The driver translates
-transport failures into `errors.PeerError`s and `throw()`s them in. The
+(a `Batch` receives a list of answers in order, where a request that failed is
+answered by its `PeerError`, so one slow or failing origin does not cost the others
+their answers; a driver may instead throw the first failure in). The driver
+translates transport failures into `errors.PeerError`s and `throw()`s them in. The
 round returns a `RoundReport`. It calls the store itself (`version_vector`,
 `missing_artifacts`, `apply_remote`); it never touches sockets, clocks,
 threads or sleeps, so the httpx client and the simulator run the same code.
@@ -127,7 +129,8 @@ class Request:
 
 @dataclass(frozen=True)
 class Batch:
-    """Independent requests the driver may perform concurrently; answered by a list."""
+    """Independent requests the driver may perform concurrently; answered by a list in
+    order, a failed request by its `PeerError` instance."""
 
     requests: tuple[Request, ...]
 
@@ -529,6 +532,8 @@ def pull_origin(
             if first is not None:
                 answer, first = first, None
                 asked = limit
+                if isinstance(answer, PeerError):
+                    raise answer
             else:
                 report.requests += 1
                 answer = yield _page_request(progress, ext, asked)
@@ -686,6 +691,8 @@ def obtain_artifacts(
         for request in requests:
             answers.append((yield request))
     for artifact_id, answer in zip(to_fetch, answers, strict=True):
+        if isinstance(answer, PeerError):
+            raise answer
         artifact = check_artifact_answer(answer, peer, artifact_id)
         if artifact is None:
             progress.artifacts_missing += 1
@@ -740,7 +747,7 @@ def drive(round_gen: Generator[Step, Any, Any], perform: Callable[[Request], Any
         while True:
             try:
                 if isinstance(step, Batch):
-                    answer: Any = [perform(r) for r in step.requests]
+                    answer: Any = [_outcome(perform, r) for r in step.requests]
                 else:
                     answer = perform(step)
             except PeerError as exc:
@@ -749,6 +756,13 @@ def drive(round_gen: Generator[Step, Any, Any], perform: Callable[[Request], Any
             step = round_gen.send(answer)
     except StopIteration as stop:
         return stop.value
+
+
+def _outcome(perform: Callable[[Request], Any], request: Request) -> Any:
+    try:
+        return perform(request)
+    except PeerError as exc:
+        return exc
 
 
 @dataclass
