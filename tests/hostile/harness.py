@@ -137,28 +137,26 @@ class HealthWatch:
                 self._stop.wait(max(0.0, HEALTH_EVERY_S - took))
 
 
-def stored_rows(palace: Path) -> list[dict[str, Any]]:
-    """Every event row, read-only, straight from SQLite (no migration, no validation)."""
+def _read_only(palace: Path, sql: str) -> list[dict[str, Any]]:
+    """Rows straight from SQLite, read-only (no migration, no validation)."""
     db = palace / "logstream.sqlite3"
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
     try:
         conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute(
-            "SELECT id, type, origin_replica, origin_seq, hlc, created_at, metadata_json "
-            "FROM events")]
+        return [dict(r) for r in conn.execute(sql)]
     finally:
         conn.close()
+
+
+def stored_rows(palace: Path) -> list[dict[str, Any]]:
+    """Every event row."""
+    return _read_only(palace, "SELECT id, type, origin_replica, origin_seq, hlc, created_at, "
+                              "metadata_json FROM events")
 
 
 def conflicts(palace: Path) -> list[dict[str, Any]]:
-    db = palace / "logstream.sqlite3"
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
-    try:
-        conn.row_factory = sqlite3.Row
-        return [dict(r) for r in conn.execute(
-            "SELECT kind, origin_replica, origin_seq, item_id FROM logsync_conflicts")]
-    finally:
-        conn.close()
+    return _read_only(palace, "SELECT kind, origin_replica, origin_seq, item_id "
+                              "FROM logsync_conflicts")
 
 
 def invalid_stored(palace: Path) -> list[str]:
