@@ -189,6 +189,22 @@ def test_sync_once_then_nothing_and_failure_exit_code(daemons, tmp_path: Path) -
     assert "error" in json.loads(closed.stdout)[0]
 
 
+def test_sync_of_several_peers_syncs_each_and_names_each_once(daemons, tmp_path: Path) -> None:
+    """Finding 4: one broken peer stopped `sync` from reaching the others."""
+    a = daemons("a")
+    run(a.palace, "append", "--type", "note", "--stream", "s", "--room", "r",
+        "--from-agent", "pi@a", "--body", "x")
+    fresh = tmp_path / "fresh"
+    run(fresh, "peers", "add", "down", f"http://127.0.0.1:{free_port()}")
+    run(fresh, "peers", "add", "up", a.url, "--token", a.token)
+    done = run(fresh, "sync", check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr
+    assert "up (" in done.stdout and "+1 events" in done.stdout
+    (line,) = [ln for ln in done.stderr.splitlines() if "down" in ln]
+    assert line.count("down") == 1 and "ERROR (transport)" in line
+    assert "down" not in done.stdout
+
+
 def test_non_loopback_bind_without_token_is_refused(tmp_path: Path) -> None:
     proc = run(tmp_path / "p", "serve", "--host", "0.0.0.0", "--port", str(free_port()),
                check=False)
