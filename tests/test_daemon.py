@@ -38,14 +38,15 @@ class Daemon:
     """One `logsync serve` subprocess with its log kept for failure messages."""
 
     def __init__(self, palace: Path, port: int, token: str, interval: float = 5.0,
-                 tls: tuple[Path, Path] | None = None, notify: bool = True) -> None:
+                 tls: tuple[Path, Path] | None = None, notify: bool = True,
+                 log_dir: Path | None = None) -> None:
         self.palace, self.port, self.token = palace, port, token
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
         self.verify: bool | ssl.SSLContext = (
             ssl.create_default_context(cafile=str(tls[0])) if tls else True)
         extra = ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []
         extra += [] if notify else ["--no-notify"]
-        self.log = palace.parent / f"{palace.name}.log"
+        self.log = (log_dir or palace.parent) / f"{palace.name}.log"
         palace.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log, "w")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
