@@ -45,16 +45,7 @@ from tenacity import (
 from tenacity.wait import wait_random_exponential
 
 from logsync import __version__
-from logsync.engine import (
-    Batch,
-    Extensions,
-    Request,
-    RoundReport,
-    Step,
-    StoreLike,
-    pull_round,
-    targeted_origin,
-)
+from logsync.engine import RoundReport, StoreLike, pull_round, targeted_origin
 from logsync.errors import (
     ConfigError,
     LogsyncError,
@@ -67,6 +58,7 @@ from logsync.errors import (
     shorten,
 )
 from logsync.peers import redact_url
+from logsync.wire import Batch, Extensions, Request, Step
 
 
 class PeerDeadlineError(PeerTransientError):
@@ -193,7 +185,7 @@ class PeerClient:
         report: RoundReport | None = None,
     ) -> RoundReport:
         """A round started by change notifications: just the named origins, side by side
-        (`engine.choose_targets` picks them, `engine.targeted_origin` pulls each)."""
+        (`schedule.choose_targets` picks them, `engine.targeted_origin` pulls each)."""
         report = report if report is not None else RoundReport(peer=self.name)
         report.extensions = ext.names()
         if not ext.names():  # a MemPalace hub: few connections (see UPSTREAM_CONCURRENCY)

@@ -44,20 +44,15 @@ from logsync.defaults import (
     DEFAULT_ORIGINS_IN_FLIGHT,
     DEFAULT_PORT,
 )
-from logsync.engine import (
-    Extensions,
-    OriginBackoff,
-    PullSchedule,
-    RoundReport,
-    choose_targets,
-    error_kind,
-)
+from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError, LogsyncError, PeerTransientError, StoreError
 from logsync.peerstate import PeerBook, PeerState
+from logsync.schedule import OriginBackoff, PullSchedule, choose_targets
 from logsync.server import create_app, is_loopback_host
 from logsync.server.limits import check_tls, listen_socket, uvicorn_limits
 from logsync.store import Store
 from logsync.watch import watch_stream
+from logsync.wire import Extensions
 
 log = logging.getLogger("logsync.daemon")
 

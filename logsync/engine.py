@@ -45,18 +45,13 @@ Rules of a round:
    serving valid pages forever can neither hold a round open nor starve the
    origins after its own.
 
-Extensions are additive and negotiated (wire owned by `logsync/server.py`): a
-peer advertises them under `ADVERTISEMENT_KEY` in its version_vector answer,
-`"logsync": {"version": ..., "extensions": ["msgpack", "large_pages",
-"inline_artifacts", ...], "max_page": 5000}`; we ask for them on `/sync/ops`
-with `ext=large_pages,inline_artifacts` and for msgpack with `Accept`. A peer
-that advertises nothing (a MemPalace hub) gets exactly the upstream requests.
+The wire (request steps, answer checks, extension names) is `logsync/wire.py`;
+when to pull is `logsync/schedule.py`. Both are re-exported here.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Callable, Collection, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -69,29 +64,48 @@ from logsync.errors import (
     PeerTransientError,
     StoreError,
     ValidationError,
-    shorten,
 )
-from logsync.model import MAX_SEQ
-from logsync.replica import is_replica_id
+from logsync.schedule import OriginBackoff, PullSchedule, choose_targets
+from logsync.wire import (
+    ADVERTISED_MAX_PAGE,
+    ADVERTISEMENT_KEY,
+    EXT_INLINE_ARTIFACTS,
+    EXT_LARGE_PAGES,
+    EXT_MSGPACK,
+    EXTENSIONS_PARAM,
+    LARGE_PAGE_CEILING,
+    UPSTREAM_PAGE_LIMIT,
+    Batch,
+    Extensions,
+    PeerVector,
+    Request,
+    Step,
+    check_artifact_answer,
+    check_page,
+    parse_extensions,
+    parse_vector_answer,
+)
 
-UPSTREAM_PAGE_LIMIT = 500
+__all__ = [  # the round, and what it re-exports from wire and schedule
+    "ADVERTISED_MAX_PAGE", "ADVERTISEMENT_KEY", "EXT_INLINE_ARTIFACTS", "EXT_LARGE_PAGES",
+    "EXT_MSGPACK", "EXTENSIONS_PARAM", "FIRST_PAGES_AT_ONCE", "LARGE_PAGE_CEILING",
+    "MAX_OPS_PER_ORIGIN", "MAX_OPS_PER_ROUND", "STOP_CAPPED", "STOP_CAUGHT_UP", "STOP_EMPTY",
+    "STOP_FAILED", "STOP_SHORT", "STOP_STORE", "TRANSIENT_ORIGINS_TO_GIVE_UP",
+    "UPSTREAM_PAGE_LIMIT", "Batch", "Extensions", "OriginBackoff", "OriginProgress",
+    "PeerVector", "PullSchedule", "Request", "RoundReport", "Step", "StoreLike",
+    "check_artifact_answer", "check_page", "choose_targets", "drive", "error_kind",
+    "missing_ranges", "obtain_artifacts", "page_bound", "parse_extensions",
+    "parse_vector_answer", "pull_origin", "pull_round", "referenced_artifacts",
+    "targeted_origin",
+]
+
 # A full round fetches the first pages of this many origins side by side (memory stays
 # bounded by this many pages, not by the backlog).
 FIRST_PAGES_AT_ONCE = 4
-LARGE_PAGE_CEILING = 5000
 MAX_OPS_PER_ROUND = 250_000  # a round ends after this many ops; the next round goes on
 MAX_OPS_PER_ORIGIN = 50_000  # one origin's share of a round, so an endless one starves none
 TRANSIENT_ORIGINS_TO_GIVE_UP = 3
 
-ADVERTISEMENT_KEY = "logsync"
-EXT_MSGPACK = "msgpack"
-EXT_INLINE_ARTIFACTS = "inline_artifacts"
-EXT_LARGE_PAGES = "large_pages"
-ADVERTISED_MAX_PAGE = "max_page"
-# `/sync/ops?...&ext=a,b` asks for extensions; `inline_artifacts` adds
-# `"artifacts": [<artifact>...]` to the page: artifacts its events name (the
-# server may leave some out, which we then fetch one by one).
-EXTENSIONS_PARAM = "ext"
 
 STOP_CAUGHT_UP = "caught up"
 STOP_EMPTY = "peer served no ops although its vector promised more"
@@ -114,122 +128,6 @@ class StoreLike(Protocol):
     def missing_artifacts(self, ids: Iterable[str]) -> list[str]: ...
 
     def apply_remote(self, events: list[dict], artifacts: list[dict]) -> Any: ...
-
-
-@dataclass(frozen=True)
-class Request:
-    """One GET to the peer. `accept_msgpack` maps to `Accept: application/msgpack`;
-    `missing_ok` means a 404 is an answer (None), not an error."""
-
-    path: str
-    params: dict[str, Any] = field(default_factory=dict)
-    accept_msgpack: bool = False
-    missing_ok: bool = False
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Independent requests the driver may perform concurrently; answered by a list in
-    order, a failed request by its `PeerError` instance."""
-
-    requests: tuple[Request, ...]
-
-
-Step = Request | Batch
-
-
-@dataclass(frozen=True)
-class Extensions:
-    """What we will use with one peer: only what it advertised and we allow."""
-
-    msgpack: bool = False
-    inline_artifacts: bool = False
-    max_page_limit: int = UPSTREAM_PAGE_LIMIT
-
-    def names(self) -> list[str]:
-        used = [EXT_MSGPACK] if self.msgpack else []
-        used += [EXT_INLINE_ARTIFACTS] if self.inline_artifacts else []
-        used += [EXT_LARGE_PAGES] if self.max_page_limit > UPSTREAM_PAGE_LIMIT else []
-        return used
-
-
-def parse_extensions(answer: Mapping[str, Any]) -> Extensions:
-    """Read a peer's advertisement; anything malformed means 'no extensions'."""
-    advert = answer.get(ADVERTISEMENT_KEY)
-    if not isinstance(advert, dict) or not isinstance(advert.get("extensions"), list):
-        return Extensions()
-    names = {name for name in advert["extensions"] if isinstance(name, str)}
-    limit = advert.get(ADVERTISED_MAX_PAGE)
-    large = EXT_LARGE_PAGES in names and _is_count(limit) and limit > UPSTREAM_PAGE_LIMIT
-    return Extensions(
-        msgpack=EXT_MSGPACK in names,
-        inline_artifacts=EXT_INLINE_ARTIFACTS in names,
-        max_page_limit=min(limit, LARGE_PAGE_CEILING) if large else UPSTREAM_PAGE_LIMIT,
-    )
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-@dataclass(frozen=True)
-class PeerVector:
-    """A validated `/sync/version_vector` answer."""
-
-    replica_id: str
-    vector: dict[str, int]
-    profile: dict[str, Any] | None
-    profiles: dict[str, Any]
-    extensions: Extensions
-    skipped_origins: dict[str, str]
-
-
-def parse_vector_answer(answer: object, peer: str) -> PeerVector:
-    """Validate the peer's vector answer or raise PeerProtocolError naming the problem."""
-    where = f"peer {peer}: /sync/version_vector"
-    if not isinstance(answer, dict):
-        raise PeerProtocolError(
-            f"{where} answered {type(answer).__name__}, not an object", peer=peer
-        )
-    replica_id = answer.get("replica_id")
-    if not is_replica_id(replica_id):
-        raise PeerProtocolError(
-            f"{where} has replica_id={shorten(replica_id)}; expected 'rep_' and 12 or 32 hex",
-            peer=peer,
-        )
-    raw = answer.get("version_vector")
-    if not isinstance(raw, dict):
-        raise PeerProtocolError(
-            f"{where} has version_vector={shorten(raw)}; expected an object of origin -> count",
-            peer=peer,
-        )
-    vector, skipped = _split_vector(raw, where, peer)
-    profile = answer.get("profile")
-    profiles = answer.get("profiles")
-    return PeerVector(
-        replica_id=replica_id,
-        vector=vector,
-        profile=profile if isinstance(profile, dict) else None,
-        profiles=profiles if isinstance(profiles, dict) else {},
-        extensions=parse_extensions(answer),
-        skipped_origins=skipped,
-    )
-
-
-def _split_vector(
-    raw: dict[str, Any], where: str, peer: str
-) -> tuple[dict[str, int], dict[str, str]]:
-    vector: dict[str, int] = {}
-    skipped: dict[str, str] = {}
-    for origin, top in raw.items():
-        if not is_replica_id(origin):
-            skipped[str(origin)[:80]] = "origin is not a replica id ('rep_' and 12 or 32 hex)"
-        elif not _is_count(top) or top > MAX_SEQ:
-            skipped[origin] = (f"version_vector entry {shorten(top)} is not an integer "
-                               f"in 0..2**62")
-        else:
-            vector[origin] = top
-    return vector, skipped
 
 
 def missing_ranges(
@@ -430,35 +328,6 @@ def _page_request(progress: OriginProgress, ext: Extensions, limit: int) -> Requ
     return Request("/sync/ops", params, accept_msgpack=ext.msgpack)
 
 
-def choose_targets(
-    notified: Mapping[str, int],
-    local: Mapping[str, int],
-    own: str,
-    inflight: Mapping[str, int],
-    *,
-    extensions_known: bool,
-    since_full: float,
-    interval: float,
-) -> dict[str, int] | None:
-    """What a round started by change notifications should pull.
-
-    A notification names (origin, origin_seq) pairs -- the events in the peer's
-    stream frames. Returns the origins (and how far) to pull without fetching the
-    vector first, or None for a full anti-entropy round: when nothing was notified
-    (the timer is due: anti-entropy), when we do not know the peer's extensions yet
-    (no full round so far) or the last full round is two intervals old. Our own
-    origin and origins already being pulled that far (from another peer) are left
-    out; an empty dict means the notifications named nothing we lack.
-    """
-    if not notified or not extensions_known or since_full >= 2 * interval:
-        return None
-    return {
-        origin: top
-        for origin, top in sorted(notified.items())
-        if origin != own and top > local.get(origin, 0) and top > inflight.get(origin, 0)
-    }
-
-
 def targeted_origin(
     store: StoreLike,
     peer: str,
@@ -603,53 +472,6 @@ def _stop_reason_after_page(progress: OriginProgress, served: int, limit: int) -
     return STOP_SHORT if served < limit else ""
 
 
-
-def check_page(
-    answer: object, peer: str, origin: str, after: int, limit: int, *, inline_asked: bool = False
-) -> tuple[list[dict], dict[str, dict]]:
-    """Validate one `/sync/ops` answer: (events, inline artifacts by id) or PeerProtocolError.
-    An `artifacts` key we did not ask for is not ours to interpret and is ignored."""
-    where = f"peer {peer}: /sync/ops page for origin {origin} after {after}"
-
-    def fail(problem: str) -> PeerProtocolError:
-        return PeerProtocolError(f"{where} {problem}; nothing of it was stored", peer=peer)
-
-    if not isinstance(answer, dict) or not isinstance(answer.get("events"), list):
-        raise fail("is not an object with a list 'events'")
-    events = answer["events"]
-    if len(events) > limit:
-        raise fail(f"holds {len(events)} ops but at most {limit} were asked for")
-    previous = after
-    for index, event in enumerate(events):
-        if not isinstance(event, dict):
-            raise fail(f"has events[{index}]={shorten(event)}, not an object")
-        if event.get("origin_replica") != origin:
-            raise fail(f"has events[{index}] of origin {shorten(event.get('origin_replica'))}")
-        seq = event.get("origin_seq")
-        if not _is_count(seq) or seq <= previous:
-            raise fail(
-                f"has events[{index}].origin_seq={shorten(seq)}; origin_seq must be an "
-                f"integer above {previous} (strictly increasing, above 'after')"
-            )
-        previous = seq
-    return events, _inline_artifacts(answer.get("artifacts") if inline_asked else None, fail)
-
-
-def _inline_artifacts(
-    raw: object, fail: Callable[[str], PeerProtocolError]
-) -> dict[str, dict]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, list):
-        raise fail(f"has artifacts={shorten(raw)}, not a list")
-    inline: dict[str, dict] = {}
-    for index, artifact in enumerate(raw):
-        if not isinstance(artifact, dict) or not isinstance(artifact.get("id"), str):
-            raise fail(f"has artifacts[{index}]={shorten(artifact)}, not an object with an id")
-        inline[artifact["id"]] = artifact
-    return inline
-
-
 def referenced_artifacts(events: list[dict]) -> list[str]:
     """Artifact ids the page names, first-seen order, no repeats; malformed lists are
     left to the store, which quarantines their op."""
@@ -699,20 +521,6 @@ def obtain_artifacts(
         else:
             found.append(artifact)
     return found
-
-
-def check_artifact_answer(answer: object, peer: str, artifact_id: str) -> dict | None:
-    """The artifact in a `/sync/artifact` answer, None for a 404, else PeerProtocolError."""
-    if answer is None:
-        return None
-    artifact = answer.get("artifact") if isinstance(answer, dict) else None
-    if not isinstance(artifact, dict) or artifact.get("id") != artifact_id:
-        raise PeerProtocolError(
-            f"peer {peer}: /sync/artifact?id={artifact_id} answered {shorten(answer)}; "
-            "expected {'artifact': {...}} with that id",
-            peer=peer,
-        )
-    return artifact
 
 
 def _apply_page(
@@ -765,124 +573,3 @@ def _outcome(perform: Callable[[Request], Any], request: Request) -> Any:
         return exc
 
 
-@dataclass
-class OriginBackoff:
-    """Per-origin backoff of one peer (rule 6): an origin that failed is left out of that
-    peer's rounds for `base * 2**(n-1)` seconds (capped, equal jitter) after its n-th
-    failure in a row; a round in which it does not fail clears it. Times are the
-    caller's seconds; nothing here reads a clock."""
-
-    rng: random.Random
-    base: float = 5.0
-    cap: float = 300.0
-    failures: dict[str, tuple[int, float]] = field(default_factory=dict)
-
-    def held(self, now: float) -> set[str]:
-        """Origins to leave out of a round starting at `now`."""
-        return {origin for origin, (_, until) in self.failures.items() if until > now}
-
-    def record(self, report: RoundReport, now: float) -> None:
-        """Fold one finished round in: failed origins back off, pulled ones are cleared."""
-        failed = report.failed_origins()
-        for origin in report.origins:
-            if origin not in failed:
-                self.failures.pop(origin, None)
-        for origin in failed:
-            count = self.failures.get(origin, (0, 0.0))[0] + 1
-            delay = min(self.cap, self.base * 2 ** min(count - 1, 32))
-            self.failures[origin] = (count, now + delay / 2 + self.rng.uniform(0, delay / 2))
-
-
-@dataclass
-class PullSchedule:
-    """When to pull one peer next. All times are caller-supplied seconds.
-
-    Rules (one place, STYLE.md §4):
-    - `start(now)`: the first round is due at once, not after one interval.
-    - `begin(now)`: a round is running; nothing is due until it ends.
-    - `succeeded(now)`: failures reset; next round after `interval` scaled by
-      a factor in [1 - jitter, 1 + jitter]; if notified meanwhile, after `debounce`.
-    - `failed(now, retry_after)`: exponential backoff `base * 2**(n-1)` capped at
-      `backoff_cap`, with equal jitter (half fixed, half random), never before
-      the peer's Retry-After hint.
-    - `notified(now)`: due within `debounce` (bursts collapse into one pull), not
-      before a Retry-After hold; during a round, remembered for its end.
-    - `due_by(at)`: due no later than `at` (a held-back notification's claim lapses).
-    """
-
-    rng: random.Random
-    interval: float = 15.0
-    jitter: float = 0.1
-    debounce: float = 0.05
-    backoff_base: float = 1.0
-    backoff_cap: float = 60.0
-    next_due: float | None = None
-    running: bool = False
-    failures: int = 0
-    hold_until: float = 0.0
-    notify_pending: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("interval", "debounce", "backoff_base", "backoff_cap"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or value < 0:
-                raise ValidationError(f"{name}={value!r} must be a non-negative number of seconds")
-        if not 0 <= self.jitter < 1:
-            raise ValidationError(f"jitter={self.jitter!r} must be a fraction in [0, 1)")
-
-    def start(self, now: float) -> float:
-        self.next_due = now
-        return now
-
-    def is_due(self, now: float) -> bool:
-        return not self.running and self.next_due is not None and now >= self.next_due
-
-    def wait_time(self, now: float) -> float | None:
-        """Seconds until due (0 if due), None while running or not started."""
-        if self.running or self.next_due is None:
-            return None
-        return max(0.0, self.next_due - now)
-
-    def begin(self, now: float) -> None:
-        self.running = True
-        self.notify_pending = False
-
-    def succeeded(self, now: float) -> float:
-        self.running = False
-        self.failures = 0
-        self.hold_until = 0.0
-        if self.notify_pending:
-            self.notify_pending = False
-            return self._set(now + self.debounce)
-        spread = self.rng.uniform(1 - self.jitter, 1 + self.jitter)
-        return self._set(now + self.interval * spread)
-
-    def failed(self, now: float, retry_after: float | None = None) -> float:
-        self.running = False
-        self.notify_pending = False
-        self.failures += 1
-        delay = min(self.backoff_cap, self.backoff_base * 2 ** min(self.failures - 1, 62))
-        delay = delay / 2 + self.rng.uniform(0, delay / 2)
-        if retry_after is not None and retry_after > 0:
-            self.hold_until = now + retry_after
-            delay = max(delay, retry_after)
-        return self._set(now + delay)
-
-    def due_by(self, at: float) -> float | None:
-        """Due no later than `at` (e.g. when a claim another peer holds lapses)."""
-        if not self.running and (self.next_due is None or at < self.next_due):
-            self.next_due = at
-        return self.next_due
-
-    def notified(self, now: float) -> float | None:
-        if self.running:
-            self.notify_pending = True
-            return None
-        soon = max(now + self.debounce, self.hold_until)
-        if self.next_due is None or soon < self.next_due:
-            return self._set(soon)
-        return self.next_due
-
-    def _set(self, due: float) -> float:
-        self.next_due = due
-        return due

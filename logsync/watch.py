@@ -4,7 +4,7 @@ A frame on the peer's stream means the peer holds an event we may lack, so
 the daemon pulls at once instead of waiting for the next anti-entropy round.
 This works against MemPalace hubs too: their stream has the same frames.
 Each frame's event names its (origin_replica, origin_seq): that is all we take
-from it, so the daemon can pull just that origin (`engine.choose_targets`). The
+from it, so the daemon can pull just that origin (`schedule.choose_targets`). The
 pull itself goes through the engine, which validates everything, so a lost or
 forged frame costs at most one extra request.
 """

@@ -24,7 +24,7 @@ REFERENCE_RE = re.compile(
     r"tests/[A-Za-z0-9_/]+\.py(?:::[A-Za-z_][A-Za-z0-9_]*)+(?:\[[^\]\s`]*\])?"
 )
 CODE_PATH_RE = re.compile(r"`(logsync/[A-Za-z0-9_/]+(?:\.py)?)`")
-CODE_NAME_RE = re.compile(r"`(engine|PeerClient)\.([A-Za-z_][A-Za-z0-9_]*)`")
+CODE_NAME_RE = re.compile(r"`(engine|schedule|wire|PeerClient)\.([A-Za-z_][A-Za-z0-9_]*)`")
 SECTIONS = (
     "Identities", "The op envelope", "Version vectors", "The pull protocol", "Apply rules",
     "Derived views", "Security", "Failure modes", "Open questions", "Compatibility matrix",
@@ -82,6 +82,8 @@ def missing_code(text: str) -> list[str]:
     missing = [f"{p} (no such path)" for p in sorted(set(CODE_PATH_RE.findall(text)))
                if not (ROOT / p).exists()]
     homes = {"engine": (ROOT / "logsync" / "engine.py", None),
+             "schedule": (ROOT / "logsync" / "schedule.py", None),
+             "wire": (ROOT / "logsync" / "wire.py", None),
              "PeerClient": (ROOT / "logsync" / "client.py", "PeerClient")}
     for owner, name in sorted(set(CODE_NAME_RE.findall(text))):
         path, cls = homes[owner]
@@ -143,7 +145,7 @@ def test_the_checker_itself_resolves_and_rejects(tmp_path: Path) -> None:
         "tests/test_hlc.py::test_gone (no test 'test_gone' in tests/test_hlc.py)",
         "tests/test_nope.py::test_x (no file tests/test_nope.py)",
     ]
-    assert missing_code("`logsync/engine.py`, `engine.choose_targets`, "
+    assert missing_code("`logsync/engine.py`, `schedule.choose_targets`, "
                         "`PeerClient.run_targeted`, `logsync/nope.py`, `engine.gone`, "
                         "`PeerClient.gone`") == [
         "logsync/nope.py (no such path)",

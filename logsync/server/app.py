@@ -13,9 +13,6 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from logsync.engine import (
-    LARGE_PAGE_CEILING,
-)
 from logsync.errors import NotFoundError, StoreError, ValidationError
 from logsync.server.common import (
     DEFAULT_MAX_PAGE_BYTES,
@@ -38,6 +35,9 @@ from logsync.server.routes import (
 )
 from logsync.server.stream import (
     ChangeNotifier,
+)
+from logsync.wire import (
+    LARGE_PAGE_CEILING,
 )
 
 # ---------------------------------------------------------------- factory

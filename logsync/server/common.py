@@ -19,17 +19,17 @@ from prometheus_client.core import GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
-from logsync.engine import (
+from logsync.errors import ValidationError, shorten
+from logsync.server.stream import (
+    ChangeNotifier,
+    _LatestProbe,
+)
+from logsync.wire import (
     EXT_INLINE_ARTIFACTS,
     EXT_LARGE_PAGES,
     EXT_MSGPACK,
     EXTENSIONS_PARAM,
     UPSTREAM_PAGE_LIMIT,
-)
-from logsync.errors import ValidationError, shorten
-from logsync.server.stream import (
-    ChangeNotifier,
-    _LatestProbe,
 )
 
 logger = logging.getLogger("logsync.server")

@@ -14,12 +14,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from logsync import __version__
-from logsync.engine import (
-    ADVERTISED_MAX_PAGE,
-    ADVERTISEMENT_KEY,
-    EXT_INLINE_ARTIFACTS,
-    EXT_LARGE_PAGES,
-)
 from logsync.errors import StoreError, ValidationError
 from logsync.peers import redact_url
 from logsync.server.common import (
@@ -39,6 +33,12 @@ from logsync.server.common import (
 )
 from logsync.server.stream import (
     logstream_stream,
+)
+from logsync.wire import (
+    ADVERTISED_MAX_PAGE,
+    ADVERTISEMENT_KEY,
+    EXT_INLINE_ARTIFACTS,
+    EXT_LARGE_PAGES,
 )
 
 logger = logging.getLogger("logsync.server")

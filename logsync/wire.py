@@ -1,0 +1,209 @@
+"""The wire of `/sync/*` as the puller reads it: constants, request steps, and the
+checks of every answer a peer sends (vector, ops page, artifact), parsed once at the
+edge. Pure: no I/O. The serving side (`logsync/server/`) shares the constants.
+
+Extensions are additive and negotiated: a peer advertises them under
+`ADVERTISEMENT_KEY` in its version_vector answer, `"logsync": {"version": ...,
+"extensions": ["msgpack", "large_pages", "inline_artifacts", ...], "max_page":
+5000, "max_page_bytes": ...}`; a puller asks for them on `/sync/ops` with
+`ext=large_pages,inline_artifacts` and for msgpack with `Accept`. A peer that
+advertises nothing (a MemPalace hub) gets exactly the upstream requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from logsync.errors import PeerProtocolError, shorten
+from logsync.model import MAX_SEQ
+from logsync.replica import is_replica_id
+
+UPSTREAM_PAGE_LIMIT = 500
+LARGE_PAGE_CEILING = 5000
+ADVERTISEMENT_KEY = "logsync"
+EXT_MSGPACK = "msgpack"
+EXT_INLINE_ARTIFACTS = "inline_artifacts"
+EXT_LARGE_PAGES = "large_pages"
+ADVERTISED_MAX_PAGE = "max_page"
+# `/sync/ops?...&ext=a,b` asks for extensions; `inline_artifacts` adds
+# `"artifacts": [<artifact>...]` to the page: artifacts its events name (the
+# server may leave some out, which we then fetch one by one).
+EXTENSIONS_PARAM = "ext"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One GET to the peer. `accept_msgpack` maps to `Accept: application/msgpack`;
+    `missing_ok` means a 404 is an answer (None), not an error."""
+
+    path: str
+    params: dict[str, Any] = field(default_factory=dict)
+    accept_msgpack: bool = False
+    missing_ok: bool = False
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Independent requests the driver may perform concurrently; answered by a list in
+    order, a failed request by its `PeerError` instance."""
+
+    requests: tuple[Request, ...]
+
+
+Step = Request | Batch
+
+
+@dataclass(frozen=True)
+class Extensions:
+    """What we will use with one peer: only what it advertised and we allow."""
+
+    msgpack: bool = False
+    inline_artifacts: bool = False
+    max_page_limit: int = UPSTREAM_PAGE_LIMIT
+
+    def names(self) -> list[str]:
+        used = [EXT_MSGPACK] if self.msgpack else []
+        used += [EXT_INLINE_ARTIFACTS] if self.inline_artifacts else []
+        used += [EXT_LARGE_PAGES] if self.max_page_limit > UPSTREAM_PAGE_LIMIT else []
+        return used
+
+
+def parse_extensions(answer: Mapping[str, Any]) -> Extensions:
+    """Read a peer's advertisement; anything malformed means 'no extensions'."""
+    advert = answer.get(ADVERTISEMENT_KEY)
+    if not isinstance(advert, dict) or not isinstance(advert.get("extensions"), list):
+        return Extensions()
+    names = {name for name in advert["extensions"] if isinstance(name, str)}
+    limit = advert.get(ADVERTISED_MAX_PAGE)
+    large = EXT_LARGE_PAGES in names and _is_count(limit) and limit > UPSTREAM_PAGE_LIMIT
+    return Extensions(
+        msgpack=EXT_MSGPACK in names,
+        inline_artifacts=EXT_INLINE_ARTIFACTS in names,
+        max_page_limit=min(limit, LARGE_PAGE_CEILING) if large else UPSTREAM_PAGE_LIMIT,
+    )
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass(frozen=True)
+class PeerVector:
+    """A validated `/sync/version_vector` answer."""
+
+    replica_id: str
+    vector: dict[str, int]
+    profile: dict[str, Any] | None
+    profiles: dict[str, Any]
+    extensions: Extensions
+    skipped_origins: dict[str, str]
+
+
+def parse_vector_answer(answer: object, peer: str) -> PeerVector:
+    """Validate the peer's vector answer or raise PeerProtocolError naming the problem."""
+    where = f"peer {peer}: /sync/version_vector"
+    if not isinstance(answer, dict):
+        raise PeerProtocolError(
+            f"{where} answered {type(answer).__name__}, not an object", peer=peer
+        )
+    replica_id = answer.get("replica_id")
+    if not is_replica_id(replica_id):
+        raise PeerProtocolError(
+            f"{where} has replica_id={shorten(replica_id)}; expected 'rep_' and 12 or 32 hex",
+            peer=peer,
+        )
+    raw = answer.get("version_vector")
+    if not isinstance(raw, dict):
+        raise PeerProtocolError(
+            f"{where} has version_vector={shorten(raw)}; expected an object of origin -> count",
+            peer=peer,
+        )
+    vector, skipped = _split_vector(raw, where, peer)
+    profile = answer.get("profile")
+    profiles = answer.get("profiles")
+    return PeerVector(
+        replica_id=replica_id,
+        vector=vector,
+        profile=profile if isinstance(profile, dict) else None,
+        profiles=profiles if isinstance(profiles, dict) else {},
+        extensions=parse_extensions(answer),
+        skipped_origins=skipped,
+    )
+
+
+def _split_vector(
+    raw: dict[str, Any], where: str, peer: str
+) -> tuple[dict[str, int], dict[str, str]]:
+    vector: dict[str, int] = {}
+    skipped: dict[str, str] = {}
+    for origin, top in raw.items():
+        if not is_replica_id(origin):
+            skipped[str(origin)[:80]] = "origin is not a replica id ('rep_' and 12 or 32 hex)"
+        elif not _is_count(top) or top > MAX_SEQ:
+            skipped[origin] = (f"version_vector entry {shorten(top)} is not an integer "
+                               f"in 0..2**62")
+        else:
+            vector[origin] = top
+    return vector, skipped
+
+
+def check_page(
+    answer: object, peer: str, origin: str, after: int, limit: int, *, inline_asked: bool = False
+) -> tuple[list[dict], dict[str, dict]]:
+    """Validate one `/sync/ops` answer: (events, inline artifacts by id) or PeerProtocolError.
+    An `artifacts` key we did not ask for is not ours to interpret and is ignored."""
+    where = f"peer {peer}: /sync/ops page for origin {origin} after {after}"
+
+    def fail(problem: str) -> PeerProtocolError:
+        return PeerProtocolError(f"{where} {problem}; nothing of it was stored", peer=peer)
+
+    if not isinstance(answer, dict) or not isinstance(answer.get("events"), list):
+        raise fail("is not an object with a list 'events'")
+    events = answer["events"]
+    if len(events) > limit:
+        raise fail(f"holds {len(events)} ops but at most {limit} were asked for")
+    previous = after
+    for index, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise fail(f"has events[{index}]={shorten(event)}, not an object")
+        if event.get("origin_replica") != origin:
+            raise fail(f"has events[{index}] of origin {shorten(event.get('origin_replica'))}")
+        seq = event.get("origin_seq")
+        if not _is_count(seq) or seq <= previous:
+            raise fail(
+                f"has events[{index}].origin_seq={shorten(seq)}; origin_seq must be an "
+                f"integer above {previous} (strictly increasing, above 'after')"
+            )
+        previous = seq
+    return events, _inline_artifacts(answer.get("artifacts") if inline_asked else None, fail)
+
+
+def _inline_artifacts(
+    raw: object, fail: Callable[[str], PeerProtocolError]
+) -> dict[str, dict]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise fail(f"has artifacts={shorten(raw)}, not a list")
+    inline: dict[str, dict] = {}
+    for index, artifact in enumerate(raw):
+        if not isinstance(artifact, dict) or not isinstance(artifact.get("id"), str):
+            raise fail(f"has artifacts[{index}]={shorten(artifact)}, not an object with an id")
+        inline[artifact["id"]] = artifact
+    return inline
+
+
+def check_artifact_answer(answer: object, peer: str, artifact_id: str) -> dict | None:
+    """The artifact in a `/sync/artifact` answer, None for a 404, else PeerProtocolError."""
+    if answer is None:
+        return None
+    artifact = answer.get("artifact") if isinstance(answer, dict) else None
+    if not isinstance(artifact, dict) or artifact.get("id") != artifact_id:
+        raise PeerProtocolError(
+            f"peer {peer}: /sync/artifact?id={artifact_id} answered {shorten(answer)}; "
+            "expected {'artifact': {...}} with that id",
+            peer=peer,
+        )
+    return artifact
