@@ -22,18 +22,14 @@ in a worker thread; the event loop never blocks on the database.
 
 from __future__ import annotations
 
-import email.utils
-import json
 import logging
 import ssl
-import time
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
 from typing import Any
 
 import anyio
 import anyio.to_thread
 import httpx
-import msgpack
 from anyio.abc import TaskGroup
 from tenacity import (
     AsyncRetrying,
@@ -45,6 +41,13 @@ from tenacity import (
 from tenacity.wait import wait_random_exponential
 
 from logsync import __version__
+from logsync.answers import (
+    MSGPACK_TYPE,
+    decode_answer,
+    error_text,
+    parse_retry_after,
+    translate_transport,
+)
 from logsync.engine import RoundReport, StoreLike, pull_round, targeted_origin
 from logsync.errors import (
     ConfigError,
@@ -66,13 +69,7 @@ class PeerDeadlineError(PeerTransientError):
 
 logger = logging.getLogger("logsync.client")
 
-MSGPACK_TYPE = "application/msgpack"
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
-# Arrays and objects one answer may hold. A page of 5000 ops with their metadata and
-# artifact lists needs a few tens of thousands; the count is taken over raw bytes (it
-# also counts brackets inside strings), so a page that passes it only in halves is
-# refused as too large and the engine asks for fewer ops.
-MAX_CONTAINERS = 1_000_000
 REQUEST_DEADLINE_S = 60.0
 # Bytes all of one client's answers in flight may hold together (a batch of first pages,
 # a prefetch): one answer may reach the cap, several big ones are refused as too large
@@ -310,14 +307,14 @@ class PeerClient:
                 f"{where} did not finish within {self.request_deadline:g} s", peer=self.name
             ) from None
         except httpx.HTTPError as exc:
-            raise _translate_transport(exc, where, self.name) from None
+            raise translate_transport(exc, where, self.name) from None
         size = len(body)
         try:
             if response.status_code == 404 and request.missing_ok:
                 return None, size
             self._check_status(response, body, where)
             ctype = response.headers.get("content-type", "")
-            answer = await anyio.to_thread.run_sync(_decode, ctype, body, where, self.name)
+            answer = await anyio.to_thread.run_sync(decode_answer, ctype, body, where, self.name)
         finally:
             # Free the bytes now: a refused answer's traceback keeps this frame (and the
             # buffer) alive until the cyclic collector runs, 60 MB at a time.
@@ -358,7 +355,7 @@ class PeerClient:
         status = response.status_code
         if 200 <= status < 300:
             return
-        said = _error_text(body)
+        said = error_text(body)
         message = f"{where} answered {status}{': ' + said if said else ''}"
         if status in RETRYABLE_STATUSES or status >= 500:
             raise PeerTransientError(message, peer=self.name,
@@ -444,100 +441,6 @@ def _advance(gen: Generator[Step, Any, RoundReport], how: str, value: Any) -> tu
 def _retry_after_of(state: RetryCallState) -> float | None:
     exc = state.outcome.exception() if state.outcome else None
     return getattr(exc, "retry_after", None)
-
-
-def parse_retry_after(headers: httpx.Headers, now: float | None = None) -> float | None:
-    """Seconds to wait from `Retry-After` (delta-seconds or an HTTP date), else None."""
-    value = headers.get("retry-after", "").strip()
-    if not value:
-        return None
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
-
-
-def _translate_transport(exc: httpx.HTTPError, where: str, peer: str) -> PeerError:
-    """httpx's exceptions become ours at the point they enter."""
-    if isinstance(exc, httpx.TimeoutException):
-        return PeerTransientError(f"{where} timed out ({type(exc).__name__})", peer=peer)
-    if _caused_by_tls(exc):
-        return PeerRequestError(f"{where} failed the TLS handshake: {exc}", peer=peer)
-    if isinstance(exc, httpx.UnsupportedProtocol):
-        return PeerRequestError(f"{where} cannot be requested: {exc}", peer=peer)
-    if isinstance(exc, httpx.DecodingError):
-        return PeerProtocolError(f"{where} sent an undecodable body: {exc}", peer=peer)
-    if isinstance(exc, httpx.TransportError):
-        return PeerTransientError(f"{where} failed: {exc or type(exc).__name__}", peer=peer)
-    return PeerProtocolError(f"{where} failed: {exc or type(exc).__name__}", peer=peer)
-
-
-def _caused_by_tls(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            return False
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def _decode(content_type: str, body: bytes | bytearray, where: str, peer: str) -> Any:
-    """JSON or msgpack by content type, within bounds; anything undecodable is the peer's
-    fault. Runs in a worker thread."""
-    ctype = content_type.split(";")[0].strip().lower()
-    packed = ctype in (MSGPACK_TYPE, "application/x-msgpack")
-    if ctype in ("application/json", "") or packed:
-        containers = count_containers(body, packed)
-        if containers > MAX_CONTAINERS:
-            raise PeerTooLargeError(
-                f"{where} sent an answer with up to {containers} arrays or objects; "
-                f"the bound is {MAX_CONTAINERS}", peer=peer)
-    try:
-        if packed:
-            return msgpack.unpackb(body, raw=False, max_array_len=MAX_CONTAINERS,
-                                   max_map_len=MAX_CONTAINERS)
-        if ctype in ("application/json", ""):
-            return json.loads(body)
-    except (ValueError, RecursionError, msgpack.UnpackException) as exc:
-        raise PeerProtocolError(
-            f"{where} sent a malformed {ctype or 'JSON'} body ({type(exc).__name__}): "
-            f"{shorten(body[:80])}",
-            peer=peer,
-        ) from None
-    raise PeerProtocolError(
-        f"{where} answered Content-Type {ctype!r}; expected application/json or {MSGPACK_TYPE}",
-        peer=peer,
-    )
-
-
-_MSGPACK_CONTAINER_BYTES = [bytes([b]) for b in (*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF)]
-
-
-def count_containers(body: bytes | bytearray, packed: bool) -> int:
-    """An upper bound on the arrays and objects a body decodes to, at C speed: `[` and `{`
-    in JSON; in msgpack, every byte that could start an array or a map."""
-    if not packed:
-        return body.count(b"[") + body.count(b"{")
-    return sum(body.count(marker) for marker in _MSGPACK_CONTAINER_BYTES)
-
-
-def _error_text(body: bytes | bytearray) -> str:
-    """The peer's `{"error": ...}` sentence if it sent one, cut to one line."""
-    if len(body) > 64 * 1024:  # an error sentence is short; never decode a bomb here
-        return ""
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        return ""
-    if isinstance(data, dict) and isinstance(data.get("error"), str):
-        return " ".join(data["error"][:200].split())
-    return ""
 
 
 def _check_url(url: object) -> str:

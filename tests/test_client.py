@@ -17,7 +17,8 @@ import msgpack
 import pytest
 import uvicorn
 
-from logsync.client import PeerClient, parse_retry_after, sync_once
+from logsync.answers import parse_retry_after
+from logsync.client import PeerClient, sync_once
 from logsync.engine import Extensions, Request, RoundReport
 from logsync.errors import (
     ConfigError,

@@ -13,7 +13,8 @@ import httpx
 import msgpack
 import pytest
 
-from logsync.client import MAX_CONTAINERS, PeerClient, count_containers
+from logsync.answers import MAX_CONTAINERS, count_containers
+from logsync.client import PeerClient
 from logsync.engine import Request
 from logsync.errors import ConfigError, PeerTooLargeError, PeerTransientError
 

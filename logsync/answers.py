@@ -1,0 +1,126 @@
+"""What a peer's HTTP answer becomes, at the edge where it enters (STYLE.md §6): a
+decoded body within bounds, one sentence from an error body, a `Retry-After` in
+seconds, and httpx's exceptions translated into ours. Pure functions of bytes and
+headers; the client calls them (decoding in a worker thread).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import ssl
+import time
+from typing import Any
+
+import httpx
+import msgpack
+
+from logsync.errors import (
+    PeerError,
+    PeerProtocolError,
+    PeerRequestError,
+    PeerTooLargeError,
+    PeerTransientError,
+    shorten,
+)
+
+MSGPACK_TYPE = "application/msgpack"
+# Arrays and objects one answer may hold. A page of 5000 ops with their metadata and
+# artifact lists needs a few tens of thousands; the count is taken over raw bytes (it
+# also counts brackets inside strings), so a page that passes it only in halves is
+# refused as too large and the engine asks for fewer ops.
+MAX_CONTAINERS = 1_000_000
+
+
+def decode_answer(content_type: str, body: bytes | bytearray, where: str, peer: str) -> Any:
+    """JSON or msgpack by content type, within bounds; anything undecodable is the peer's
+    fault. Runs in a worker thread."""
+    ctype = content_type.split(";")[0].strip().lower()
+    packed = ctype in (MSGPACK_TYPE, "application/x-msgpack")
+    if ctype in ("application/json", "") or packed:
+        containers = count_containers(body, packed)
+        if containers > MAX_CONTAINERS:
+            raise PeerTooLargeError(
+                f"{where} sent an answer with up to {containers} arrays or objects; "
+                f"the bound is {MAX_CONTAINERS}", peer=peer)
+    try:
+        if packed:
+            return msgpack.unpackb(body, raw=False, max_array_len=MAX_CONTAINERS,
+                                   max_map_len=MAX_CONTAINERS)
+        if ctype in ("application/json", ""):
+            return json.loads(body)
+    except (ValueError, RecursionError, msgpack.UnpackException) as exc:
+        raise PeerProtocolError(
+            f"{where} sent a malformed {ctype or 'JSON'} body ({type(exc).__name__}): "
+            f"{shorten(body[:80])}",
+            peer=peer,
+        ) from None
+    raise PeerProtocolError(
+        f"{where} answered Content-Type {ctype!r}; expected application/json or {MSGPACK_TYPE}",
+        peer=peer,
+    )
+
+
+_MSGPACK_CONTAINER_BYTES = [bytes([b]) for b in (*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF)]
+
+
+def count_containers(body: bytes | bytearray, packed: bool) -> int:
+    """An upper bound on the arrays and objects a body decodes to, at C speed: `[` and `{`
+    in JSON; in msgpack, every byte that could start an array or a map."""
+    if not packed:
+        return body.count(b"[") + body.count(b"{")
+    return sum(body.count(marker) for marker in _MSGPACK_CONTAINER_BYTES)
+
+
+def error_text(body: bytes | bytearray) -> str:
+    """The peer's `{"error": ...}` sentence if it sent one, cut to one line."""
+    if len(body) > 64 * 1024:  # an error sentence is short; never decode a bomb here
+        return ""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    if isinstance(data, dict) and isinstance(data.get("error"), str):
+        return " ".join(data["error"][:200].split())
+    return ""
+
+
+def parse_retry_after(headers: httpx.Headers, now: float | None = None) -> float | None:
+    """Seconds to wait from `Retry-After` (delta-seconds or an HTTP date), else None."""
+    value = headers.get("retry-after", "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
+
+
+def translate_transport(exc: httpx.HTTPError, where: str, peer: str) -> PeerError:
+    """httpx's exceptions become ours at the point they enter."""
+    if isinstance(exc, httpx.TimeoutException):
+        return PeerTransientError(f"{where} timed out ({type(exc).__name__})", peer=peer)
+    if _caused_by_tls(exc):
+        return PeerRequestError(f"{where} failed the TLS handshake: {exc}", peer=peer)
+    if isinstance(exc, httpx.UnsupportedProtocol):
+        return PeerRequestError(f"{where} cannot be requested: {exc}", peer=peer)
+    if isinstance(exc, httpx.DecodingError):
+        return PeerProtocolError(f"{where} sent an undecodable body: {exc}", peer=peer)
+    if isinstance(exc, httpx.TransportError):
+        return PeerTransientError(f"{where} failed: {exc or type(exc).__name__}", peer=peer)
+    return PeerProtocolError(f"{where} failed: {exc or type(exc).__name__}", peer=peer)
+
+
+def _caused_by_tls(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
