@@ -57,7 +57,7 @@ def faults(draw: st.DrawFn, nodes: tuple[str, ...], duration: float) -> Fault:
         return Fault(kind, at, until, nodes=(node, draw(st.sampled_from(others))),
                      period=draw(st.integers(2, 20)) / 10)
     if kind == "byzantine":
-        # The hostile corpus (logsync/hostile.py), as tests/hostile throws it at real
+        # The hostile corpus (logsync/hostile/), as tests/hostile throws it at real
         # processes: every kind a replica must refuse. `numeric_fork` and `fork` serve valid
         # but altered ops, which no unsigned replica can tell from the truth (issue 10).
         kinds = draw(st.lists(st.sampled_from(REFUSABLE), min_size=1, max_size=4, unique=True))
