@@ -427,7 +427,8 @@ def pull_origin(
         report.transient_streak = 0
         report.ops_budget -= len(events)
         if not progress.stop_reason:
-            progress.stop_reason = _stop_reason_after_page(progress, len(events), asked)
+            progress.stop_reason = _stop_reason_after_page(progress, len(events), asked,
+                                                           ext.page_budget)
     return progress
 
 
@@ -466,10 +467,14 @@ def _stop_reason_for_empty(progress: OriginProgress) -> str:
     return STOP_CAUGHT_UP if progress.reached >= progress.target else STOP_EMPTY
 
 
-def _stop_reason_after_page(progress: OriginProgress, served: int, limit: int) -> str:
+def _stop_reason_after_page(progress: OriginProgress, served: int, limit: int,
+                            budgeted: bool = False) -> str:
+    """After a non-empty page: caught up, a short page (the peer has no more now, unless
+    it keeps a byte budget: then the rest comes in the next page), or go on. Every page
+    advances origin_seq, and the round's op caps bound the pages either way."""
     if progress.reached >= progress.target:
         return STOP_CAUGHT_UP
-    return STOP_SHORT if served < limit else ""
+    return STOP_SHORT if served < limit and not budgeted else ""
 
 
 def referenced_artifacts(events: list[dict]) -> list[str]:

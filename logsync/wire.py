@@ -27,6 +27,7 @@ EXT_MSGPACK = "msgpack"
 EXT_INLINE_ARTIFACTS = "inline_artifacts"
 EXT_LARGE_PAGES = "large_pages"
 ADVERTISED_MAX_PAGE = "max_page"
+ADVERTISED_MAX_PAGE_BYTES = "max_page_bytes"
 # `/sync/ops?...&ext=a,b` asks for extensions; `inline_artifacts` adds
 # `"artifacts": [<artifact>...]` to the page: artifacts its events name (the
 # server may leave some out, which we then fetch one by one).
@@ -62,6 +63,9 @@ class Extensions:
     msgpack: bool = False
     inline_artifacts: bool = False
     max_page_limit: int = UPSTREAM_PAGE_LIMIT
+    # The peer stops a large page at a byte budget (`max_page_bytes`): a page shorter than
+    # asked then means "the rest in the next page", not "nothing more".
+    page_budget: bool = False
 
     def names(self) -> list[str]:
         used = [EXT_MSGPACK] if self.msgpack else []
@@ -78,10 +82,12 @@ def parse_extensions(answer: Mapping[str, Any]) -> Extensions:
     names = {name for name in advert["extensions"] if isinstance(name, str)}
     limit = advert.get(ADVERTISED_MAX_PAGE)
     large = EXT_LARGE_PAGES in names and _is_count(limit) and limit > UPSTREAM_PAGE_LIMIT
+    budget = advert.get(ADVERTISED_MAX_PAGE_BYTES)
     return Extensions(
         msgpack=EXT_MSGPACK in names,
         inline_artifacts=EXT_INLINE_ARTIFACTS in names,
         max_page_limit=min(limit, LARGE_PAGE_CEILING) if large else UPSTREAM_PAGE_LIMIT,
+        page_budget=large and _is_count(budget) and budget > 0,
     )
 
 

@@ -1101,3 +1101,37 @@ def test_a_failed_request_in_a_batch_costs_only_its_own_origin(stores):
     assert report.origins[good].applied == 3 and report.origins[bad].failed
     asked = [r.params["origin"] for r in honest.log if r.path == "/sync/ops"]
     assert asked.count(good) == 1
+
+
+def test_a_page_cut_by_the_peers_byte_budget_is_followed_in_the_same_round(stores):
+    """A peer that keeps a byte budget serves pages shorter than asked: that means "the
+    rest next page", not "no more" (the round used to stop after one page per origin)."""
+    a, b = stores["a"], stores["b"]
+    append(a, 9)
+    advert = {"version": "x", "extensions": ["large_pages"], "max_page": 5000,
+              "max_page_bytes": 1000}
+    honest = FakePeer(a, advert=advert)
+
+    def budgeted(request: Request) -> Any:
+        answer = honest(request)
+        if request.path == "/sync/ops":
+            answer["events"] = answer["events"][:2]  # what the budget let through
+            answer["count"] = len(answer["events"])
+        return answer
+
+    report = pull(b, budgeted)
+    assert report.applied == 9 and report.origins[a.replica_id].stop_reason == "caught up"
+    unbudgeted = FakePeer(a, advert={**advert, "max_page_bytes": None})
+    fresh = open_store(Path(tempfile.mkdtemp()), "fresh")
+    try:
+        def cut(request: Request) -> Any:
+            answer = unbudgeted(request)
+            if request.path == "/sync/ops":
+                answer["events"] = answer["events"][:2]
+            return answer
+
+        short = pull(fresh, cut)
+        assert short.applied == 2
+        assert short.origins[a.replica_id].stop_reason == engine.STOP_SHORT
+    finally:
+        fresh.close()

@@ -42,7 +42,6 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 ORIGIN_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 STORE_RETRY_AFTER_S = 5
 DEFAULT_MAX_PAGE_BYTES = 8 * 1024 * 1024
-ADVERTISED_MAX_PAGE_BYTES = "max_page_bytes"
 EVENT_OVERHEAD_BYTES = 2  # ", " between events in the JSON array
 GUARDED_PREFIXES = ("/sync/", "/logstream/")
 EXT_NOTIFY = "notify"

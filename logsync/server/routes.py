@@ -17,7 +17,6 @@ from logsync import __version__
 from logsync.errors import StoreError, ValidationError
 from logsync.peers import redact_url
 from logsync.server.common import (
-    ADVERTISED_MAX_PAGE_BYTES,
     EVENT_OVERHEAD_BYTES,
     EXTENSIONS,
     PEER_KEYS,
@@ -36,6 +35,7 @@ from logsync.server.stream import (
 )
 from logsync.wire import (
     ADVERTISED_MAX_PAGE,
+    ADVERTISED_MAX_PAGE_BYTES,
     ADVERTISEMENT_KEY,
     EXT_INLINE_ARTIFACTS,
     EXT_LARGE_PAGES,
