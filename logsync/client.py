@@ -22,9 +22,10 @@ in a worker thread; the event loop never blocks on the database.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Collection, Generator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Generator, Mapping
 from typing import Any
 
 import anyio
@@ -71,6 +72,7 @@ logger = logging.getLogger("logsync.client")
 
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 REQUEST_DEADLINE_S = 60.0
+ROUND_DEADLINE_S = 600.0  # a round is capped at MAX_OPS_PER_ROUND ops: minutes at most
 # Bytes all of one client's answers in flight may hold together (a batch of first pages,
 # a prefetch): one answer may reach the cap, several big ones are refused as too large
 # (the engine then asks for smaller pages), so memory never scales with concurrency.
@@ -102,6 +104,7 @@ class PeerClient:
         max_retry_after: float = 30.0,
         concurrency: int = 8,
         request_deadline: float = REQUEST_DEADLINE_S,
+        round_deadline: float = ROUND_DEADLINE_S,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Sleep | None = None,
     ) -> None:
@@ -113,6 +116,7 @@ class PeerClient:
         self.max_backoff = max_backoff
         self.max_retry_after = max_retry_after
         self.request_deadline = request_deadline
+        self.round_deadline = round_deadline
         self._buffered = 0  # bytes held by answers being read right now
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._upstream_limiter = anyio.CapacityLimiter(min(concurrency, UPSTREAM_CONCURRENCY))
@@ -154,8 +158,16 @@ class PeerClient:
         held_back: Collection[str] = (),
     ) -> RoundReport:
         """Drive one engine pull round against this peer; raises a PeerError on failure
-        (pages applied before it stay applied; `report` shows how far it got)."""
+        (pages applied before it stay applied; `report` shows how far it got). The round
+        ends at `round_deadline` whatever the peer does."""
         report = report if report is not None else RoundReport(peer=self.name)
+        async with self._round_deadline():
+            return await self._full_round(store, report, page_limit, use_extensions,
+                                          held_back)
+
+    async def _full_round(self, store: StoreLike, report: RoundReport,
+                          page_limit: int | None, use_extensions: bool,
+                          held_back: Collection[str]) -> RoundReport:
         gen = pull_round(store, self.name, page_limit=page_limit, use_extensions=use_extensions,
                          held_back=held_back,
                          batch_artifacts=True, report=report)
@@ -184,6 +196,22 @@ class PeerClient:
         """A round started by change notifications: just the named origins, side by side
         (`schedule.choose_targets` picks them, `engine.targeted_origin` pulls each)."""
         report = report if report is not None else RoundReport(peer=self.name)
+        async with self._round_deadline():
+            return await self._targeted(store, targets, ext, origins_in_flight, report)
+
+    @contextlib.asynccontextmanager
+    async def _round_deadline(self) -> AsyncIterator[None]:
+        """A total deadline per round (invariant 10), for the daemon and `sync` alike."""
+        try:
+            with anyio.fail_after(self.round_deadline):
+                yield
+        except TimeoutError:
+            raise PeerDeadlineError(
+                f"peer {self.name}: the round did not finish within {self.round_deadline:g} s",
+                peer=self.name) from None
+
+    async def _targeted(self, store: StoreLike, targets: Mapping[str, int], ext: Extensions,
+                        origins_in_flight: int, report: RoundReport) -> RoundReport:
         report.extensions = ext.names()
         if not ext.names():  # a MemPalace hub: few connections (see UPSTREAM_CONCURRENCY)
             origins_in_flight = min(origins_in_flight, UPSTREAM_CONCURRENCY // 2)

@@ -57,12 +57,12 @@ from logsync.wire import Extensions
 log = logging.getLogger("logsync.daemon")
 
 PEERS_POLL_S = 1.0
-ROUND_DEADLINE_S = 600.0  # a round is capped at MAX_OPS_PER_ROUND ops: minutes at most
 # A claim keeps a second peer from pulling the same origin at once; it is a courtesy, not
 # a lock (applying twice is idempotent), so it lapses soon: a claiming pull that drips
 # must not hold back an honest peer's newer ops for long.
 CLAIM_TTL_S = 10.0
 STORE_CHECK_S = 5.0
+LOGGED_ORIGIN_FAILURES = 3  # per round; the rest are counted in one line
 MAX_NOTIFIED = 1024  # origins remembered from frames between rounds; beyond: a full round
 GRACEFUL_SHUTDOWN_S = 3.0  # event streams never end on their own; cut them after this
 
@@ -297,23 +297,22 @@ class Daemon:
         schedule.begin(now)
         state.record_attempt(time.time())
         try:
-            with anyio.fail_after(ROUND_DEADLINE_S):
-                local = await anyio.to_thread.run_sync(self.store.version_vector)
-                claims = self._claims(now)
-                targets = choose_targets(
-                    task.notified, local, self.store.replica_id, claims,
-                    extensions_known=task.extensions is not None and not task.wants_full,
-                    since_full=now - task.last_full, interval=self.config.interval,
-                )
-                # Origins another peer's pull has claimed are kept for after its claim.
-                task.notified = {} if targets is None else {
-                    o: t for o, t in task.notified.items()
-                    if o not in targets and t > local.get(o, 0) and claims.get(o, 0) >= t}
-                if targets == {}:  # nothing to pull now: no request, no news
-                    schedule.succeeded(anyio.current_time())
-                    self._recheck_held_back(task, schedule)
-                    return
-                report = await self._pull(client, task, targets)
+            local = await anyio.to_thread.run_sync(self.store.version_vector)
+            claims = self._claims(now)
+            targets = choose_targets(
+                task.notified, local, self.store.replica_id, claims,
+                extensions_known=task.extensions is not None and not task.wants_full,
+                since_full=now - task.last_full, interval=self.config.interval,
+            )
+            # Origins another peer's pull has claimed are kept for after its claim.
+            task.notified = {} if targets is None else {
+                o: t for o, t in task.notified.items()
+                if o not in targets and t > local.get(o, 0) and claims.get(o, 0) >= t}
+            if targets == {}:  # nothing to pull now: no request, no news
+                schedule.succeeded(anyio.current_time())
+                self._recheck_held_back(task, schedule)
+                return
+            report = await self._pull(client, task, targets)
         except Exception as exc:  # noqa: BLE001 - invariant 9: nothing leaves this loop
             self._round_failed(task, state, schedule, exc)
         else:
@@ -334,9 +333,6 @@ class Daemon:
     def _round_failed(self, task: _PeerTask, state: PeerState, schedule: PullSchedule,
                       exc: Exception) -> None:
         """Record and back off; the peer's loop, the server and every other peer go on."""
-        if isinstance(exc, TimeoutError):
-            exc = PeerTransientError(f"peer {task.label}: the round did not finish within "
-                                     f"{ROUND_DEADLINE_S:g} s", peer=task.label)
         kind = error_kind(exc)
         if isinstance(exc, StoreError):
             self._store_failed(exc)
@@ -368,10 +364,13 @@ class Daemon:
         if targets is None:
             task.wants_full = False
             task.last_full = anyio.current_time()
-            report = await client.run_round(
-                self.store, held_back=self._backoff(task).held(task.last_full))
+            report = RoundReport(peer=task.label)
+            try:
+                await client.run_round(self.store, report=report,
+                                       held_back=self._backoff(task).held(task.last_full))
+            finally:  # a round that failed still says which origins did
+                self._backoff(task).record(report, anyio.current_time())
             task.extensions = report.negotiated
-            self._backoff(task).record(report, anyio.current_time())
             return report
         assert task.extensions is not None
         now = anyio.current_time()
@@ -381,12 +380,13 @@ class Daemon:
         claimed = {o: t for o, t in targets.items() if t > held.get(o, 0)}
         expires = now + CLAIM_TTL_S
         self._inflight.update({o: (t, expires) for o, t in claimed.items()})  # one puller each
+        report = RoundReport(peer=task.label)
         try:
-            report = await client.run_targeted(self.store, targets, task.extensions,
-                                               origins_in_flight=DEFAULT_ORIGINS_IN_FLIGHT)
-            self._backoff(task).record(report, anyio.current_time())
-            return report
+            return await client.run_targeted(self.store, targets, task.extensions,
+                                              origins_in_flight=DEFAULT_ORIGINS_IN_FLIGHT,
+                                              report=report)
         finally:
+            self._backoff(task).record(report, anyio.current_time())
             for origin, top in claimed.items():
                 if self._inflight.get(origin, (None,))[0] == top:
                     del self._inflight[origin]
@@ -402,8 +402,12 @@ class Daemon:
             log.info("peer %s: +%d events, +%d artifacts", task.label, report.applied,
                      report.artifacts)
             self.app.state.notifier.notify()
-        for origin, reason in report.failed_origins().items():
+        failed = sorted(report.failed_origins().items())
+        for origin, reason in failed[:LOGGED_ORIGIN_FAILURES]:
             log.warning("%s", _named(task.label, f"origin {origin}: {reason}"))
+        if len(failed) > LOGGED_ORIGIN_FAILURES:  # a hostile vector must not flood the log
+            log.warning("peer %s: %d more origins failed this round (see `logsync status`)",
+                        task.label, len(failed) - LOGGED_ORIGIN_FAILURES)
         if report.conflicts or report.quarantined:
             log.warning("peer %s: %d conflicts and %d quarantined ops recorded (see `logsync "
                         "conflicts` and `logsync quarantine`)", task.label, report.conflicts,

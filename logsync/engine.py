@@ -438,15 +438,17 @@ ORIGIN_SCOPED_ERRORS = (PeerError,)
 
 
 def _origin_failed(progress: OriginProgress, report: RoundReport, exc: PeerError) -> None:
-    """Rule 6: record the origin's failure; re-raise what belongs to the whole round."""
+    """Rule 6: record the origin's failure (also when it ends the round: the caller's
+    per-origin backoff then holds these origins back, so the same ones cannot end every
+    round); re-raise what belongs to the whole round."""
+    progress.error_kind = error_kind(exc)
+    progress.stop_reason = f"{STOP_FAILED}: {exc}"
     if isinstance(exc, PeerAuthError):
         raise exc
     if isinstance(exc, PeerTransientError):
         report.transient_streak += 1
         if report.transient_streak >= TRANSIENT_ORIGINS_TO_GIVE_UP:
             raise exc
-    progress.error_kind = error_kind(exc)
-    progress.stop_reason = f"{STOP_FAILED}: {exc}"
 
 
 def error_kind(error: BaseException) -> str:

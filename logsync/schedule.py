@@ -50,11 +50,14 @@ class OriginBackoff:
     """Per-origin backoff of one peer (rule 6): an origin that failed is left out of that
     peer's rounds for `base * 2**(n-1)` seconds (capped, equal jitter) after its n-th
     failure in a row; a round in which it does not fail clears it. Times are the
-    caller's seconds; nothing here reads a clock."""
+    caller's seconds; nothing here reads a clock. Bounded: an entry lapses `cap`
+    seconds after its hold ends, and at most `max_tracked` are kept (the ones whose
+    hold ends first go), so origins a peer invents cannot grow it."""
 
     rng: random.Random
     base: float = 5.0
     cap: float = 300.0
+    max_tracked: int = 4096
     failures: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def held(self, now: float) -> set[str]:
@@ -71,6 +74,12 @@ class OriginBackoff:
             count = self.failures.get(origin, (0, 0.0))[0] + 1
             delay = min(self.cap, self.base * 2 ** min(count - 1, 32))
             self.failures[origin] = (count, now + delay / 2 + self.rng.uniform(0, delay / 2))
+        for origin, (_, until) in list(self.failures.items()):
+            if until + self.cap <= now:
+                del self.failures[origin]
+        if len(self.failures) > self.max_tracked:
+            keep = sorted(self.failures.items(), key=lambda kv: kv[1][1])[-self.max_tracked:]
+            self.failures = dict(keep)
 
 
 @dataclass

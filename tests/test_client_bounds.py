@@ -127,3 +127,28 @@ def test_refused_answers_are_freed_at_once_not_by_the_cyclic_collector() -> None
 
     peaks = anyio.run(go)
     assert peaks[-1] - peaks[0] < 20, peaks
+
+
+def test_a_round_ends_at_its_deadline_for_sync_and_daemon_alike(tmp_path: Any) -> None:
+    """Review finding: `sync` had no round deadline; many slow origins held it for hours."""
+    from logsync.client import PeerDeadlineError
+    from logsync.store import Store
+
+    origins = {f"rep_{n:032x}": 3 for n in range(1, 9)}
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/sync/version_vector":
+            return httpx.Response(200, json={"replica_id": "rep_" + "a" * 32,
+                                             "version_vector": origins})
+        return httpx.Response(200, stream=_Drip())
+
+    async def go() -> None:
+        with Store.open(tmp_path / "p") as store:
+            async with PeerClient(URL, attempts=1, transport=httpx.MockTransport(slow),
+                                  request_deadline=30, round_deadline=1.0) as client:
+                await client.run_round(store)
+
+    started = time.monotonic()
+    with pytest.raises(PeerDeadlineError, match="round did not finish within 1 s"):
+        anyio.run(go)
+    assert time.monotonic() - started < 5

@@ -150,9 +150,10 @@ def test_the_daemon_holds_back_an_origin_that_failed(daemon: Daemon, monkeypatch
     origin = "rep_" + "c" * 32
     seen: list[set[str]] = []
 
-    async def fake(self: PeerClient, store: Any, *, held_back: Any = (), **kw: Any) -> Any:
+    async def fake(self: PeerClient, store: Any, *, held_back: Any = (),
+                   report: RoundReport | None = None, **kw: Any) -> Any:
         seen.append(set(held_back))
-        report = RoundReport(peer="x")
+        report = report if report is not None else RoundReport(peer="x")
         report.origins[origin] = OriginProgress(origin, 0, 5, 0, stop_reason="failed: 500",
                                                 error_kind="transport")
         return report

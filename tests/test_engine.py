@@ -672,7 +672,7 @@ def test_transient_failures_in_a_row_end_the_round(stores):
     report = RoundReport(peer="peer-a")
     with pytest.raises(PeerTransientError):
         drive(pull_round(b, "peer-a", report=report), gone)
-    assert sum(p.failed for p in report.origins.values()) == TRANSIENT_ORIGINS_TO_GIVE_UP - 1
+    assert sum(p.failed for p in report.origins.values()) == TRANSIENT_ORIGINS_TO_GIVE_UP
 
 
 def test_an_answer_too_large_halves_the_page_until_it_passes(stores):
@@ -1135,3 +1135,48 @@ def test_a_page_cut_by_the_peers_byte_budget_is_followed_in_the_same_round(store
         assert short.origins[a.replica_id].stop_reason == engine.STOP_SHORT
     finally:
         fresh.close()
+
+
+def test_origin_backoff_stays_bounded_whatever_origins_a_peer_invents():
+    class Failed:
+        def __init__(self, origins):
+            self.origins = dict.fromkeys(origins)
+
+        def failed_origins(self):
+            return dict.fromkeys(self.origins, "failed: x")
+
+    backoff = engine.OriginBackoff(rng=random.Random(1), max_tracked=100)
+    for n in range(20):
+        backoff.record(Failed([f"rep_{n:08x}{i:024x}" for i in range(500)]), 10.0 * n)
+        assert len(backoff.failures) <= 100
+    backoff.record(Failed([]), 10_000.0)
+    assert not backoff.failures  # lapsed
+
+
+def test_failing_origins_that_end_a_round_are_held_back_next_round(stores):
+    """Three transient failures in a row end a round; they must not end every round, or the
+    origins sorted after them starve."""
+    a, b = stores["a"], stores["b"]
+    append(a, 2)
+    good = a.replica_id
+    bad = [f"rep_{n:032x}" for n in range(1, 4)]  # sort before `good`
+    assert all(o < good for o in bad)
+    honest = FakePeer(a)
+
+    def peer(request: Request) -> Any:
+        if request.path == "/sync/version_vector":
+            answer = honest(request)
+            answer["version_vector"].update(dict.fromkeys(bad, 5))
+            return answer
+        if request.params.get("origin") in bad:
+            raise PeerTransientError("peer-a: GET /sync/ops answered 500", peer="peer-a")
+        return honest(request)
+
+    backoff = engine.OriginBackoff(rng=random.Random(1))
+    report = RoundReport(peer="peer-a")
+    with pytest.raises(PeerTransientError):
+        drive(pull_round(b, "peer-a", report=report), peer)
+    backoff.record(report, 0.0)
+    assert set(backoff.held(1.0)) == set(bad)
+    again = drive(pull_round(b, "peer-a", held_back=backoff.held(1.0)), peer)
+    assert again.origins[good].applied == 2
