@@ -25,6 +25,17 @@ from logsync.errors import (
 )
 
 MSGPACK_TYPE = "application/msgpack"
+# We ask for answers as sent and read the raw bytes: a compressed answer would expand
+# past every byte bound before a check could see it (64 KiB of gzip holds 64 MB).
+ACCEPT_ENCODING = {"Accept-Encoding": "identity"}
+
+
+def encoding_problem(headers: httpx.Headers) -> str | None:
+    """Why an answer's Content-Encoding cannot be taken (we asked for identity), or None."""
+    coding = headers.get("content-encoding", "").strip().lower()
+    if coding in ("", "identity"):
+        return None
+    return f"sent a {coding[:30]!r}-encoded answer although identity was asked for"
 # Arrays and objects one answer may hold. A page of 5000 ops with their metadata and
 # artifact lists needs a few tens of thousands; the count is taken over raw bytes (it
 # also counts brackets inside strings), so a page that passes it only in halves is
@@ -100,7 +111,8 @@ def parse_retry_after(headers: httpx.Headers, now: float | None = None) -> float
     return max(0.0, when.timestamp() - current)
 
 
-def translate_transport(exc: httpx.HTTPError, where: str, peer: str) -> PeerError:
+def translate_transport(exc: httpx.HTTPError | httpx.StreamError, where: str,
+                        peer: str) -> PeerError:
     """httpx's exceptions become ours at the point they enter."""
     if isinstance(exc, httpx.TimeoutException):
         return PeerTransientError(f"{where} timed out ({type(exc).__name__})", peer=peer)

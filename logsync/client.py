@@ -43,8 +43,10 @@ from tenacity.wait import wait_random_exponential
 
 from logsync import __version__
 from logsync.answers import (
+    ACCEPT_ENCODING,
     MSGPACK_TYPE,
     decode_answer,
+    encoding_problem,
     error_text,
     parse_retry_after,
     translate_transport,
@@ -121,7 +123,8 @@ class PeerClient:
         self._limiter = anyio.CapacityLimiter(concurrency)
         self._upstream_limiter = anyio.CapacityLimiter(min(concurrency, UPSTREAM_CONCURRENCY))
         self._sleep = sleep or anyio.sleep
-        headers = {"User-Agent": f"logsync/{__version__}", "Accept": "application/json"}
+        headers = {"User-Agent": f"logsync/{__version__}", "Accept": "application/json",
+                   **ACCEPT_ENCODING}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(
@@ -334,7 +337,7 @@ class PeerClient:
             raise PeerDeadlineError(
                 f"{where} did not finish within {self.request_deadline:g} s", peer=self.name
             ) from None
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.StreamError) as exc:
             raise translate_transport(exc, where, self.name) from None
         size = len(body)
         try:
@@ -358,10 +361,13 @@ class PeerClient:
                 f"{where} announced a {declared}-byte answer; the cap is {cap} bytes",
                 peer=self.name,
             )
+        problem = encoding_problem(response.headers)
+        if problem:
+            raise PeerProtocolError(f"{where} {problem}", peer=self.name)
         body = bytearray()  # grown in place: no second copy at the end
         shared = max(cap, MAX_BUFFERED_BYTES)
         try:
-            async for chunk in response.aiter_bytes():
+            async for chunk in _raw_chunks(response):  # as sent: never expanded unbounded
                 if len(body) + len(chunk) > cap:
                     raise PeerTooLargeError(
                         f"{where} sent an answer larger than the {cap}-byte cap", peer=self.name
@@ -394,6 +400,16 @@ class PeerClient:
             raise PeerRequestError(message, peer=self.name)
         raise PeerProtocolError(f"{message}; expected 2xx (redirects are not followed)",
                                 peer=self.name)
+
+
+async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body as sent; a response a transport handed over already read (tests' mock
+    transports) is its content."""
+    if response.is_stream_consumed:
+        yield response.content
+        return
+    async for chunk in response.aiter_raw():
+        yield chunk
 
 
 class _Prefetch:

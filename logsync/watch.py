@@ -21,6 +21,7 @@ import anyio
 import httpx
 
 from logsync import __version__
+from logsync.answers import ACCEPT_ENCODING, encoding_problem
 from logsync.model import MAX_SEQ
 from logsync.peers import redact_url
 from logsync.replica import is_replica_id
@@ -54,7 +55,8 @@ async def watch_stream(
     were away are gone, and the stream starts at the newest event.
     """
     delay = 1.0
-    headers = {"Accept": "text/event-stream", "User-Agent": f"logsync/{__version__}"}
+    headers = {"Accept": "text/event-stream", "User-Agent": f"logsync/{__version__}",
+               **ACCEPT_ENCODING}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     timeout = httpx.Timeout(10.0, read=READ_TIMEOUT_S)
@@ -67,6 +69,11 @@ async def watch_stream(
                 log.debug("stream %s: %s", redact_url(url), exc)
             except LineTooLong as exc:
                 log.warning("stream %s: %s; reconnecting later", redact_url(url), exc)
+            except Exception as exc:  # noqa: BLE001 - a notification stream is only a hint:
+                # whatever breaks it (a bug of ours, httpx's StreamError) must not end the
+                # peer's scope; the pull loop's anti-entropy goes on regardless.
+                log.warning("stream %s: %s: %s; reconnecting later", redact_url(url),
+                            type(exc).__name__, exc)
             await anyio.sleep(delay / 2 + rng.uniform(0, delay / 2))
             delay = min(delay * 2, backoff_cap)
 
@@ -77,8 +84,12 @@ async def _follow(http: httpx.AsyncClient, url: str, on_change: Change) -> bool:
         if response.status_code != 200:
             log.info("stream %s answered %s; retrying later", redact_url(url), response.status_code)
             return False
+        problem = encoding_problem(response.headers)
+        if problem:
+            log.warning("stream %s %s; retrying later", redact_url(url), problem)
+            return False
         on_change(None, None)
-        async for line in bounded_lines(response.aiter_bytes(), MAX_LINE_BYTES):
+        async for line in bounded_lines(response.aiter_raw(), MAX_LINE_BYTES):
             if line.startswith(b"data:"):
                 on_change(*frame_position(line[5:]))
     return True

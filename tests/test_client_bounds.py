@@ -16,7 +16,7 @@ import pytest
 from logsync.answers import MAX_CONTAINERS, count_containers
 from logsync.client import PeerClient
 from logsync.engine import Request
-from logsync.errors import ConfigError, PeerTooLargeError, PeerTransientError
+from logsync.errors import ConfigError, PeerProtocolError, PeerTooLargeError, PeerTransientError
 
 URL = "http://peer.test:8000"
 
@@ -152,3 +152,22 @@ def test_a_round_ends_at_its_deadline_for_sync_and_daemon_alike(tmp_path: Any) -
     with pytest.raises(PeerDeadlineError, match="round did not finish within 1 s"):
         anyio.run(go)
     assert time.monotonic() - started < 5
+
+
+def test_a_compressed_answer_is_refused_before_it_is_expanded() -> None:
+    """Review finding: httpx expanded gzip by itself, 64 KiB into 64 MB, before any bound."""
+    import gzip
+
+    bomb = gzip.compress(b"[" * 50_000_000)  # about 50 KB on the wire
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("accept-encoding", ""))
+        return httpx.Response(200, content=bomb, headers={
+            "content-type": "application/json", "content-encoding": "gzip"})
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(PeerProtocolError, match="gzip.-encoded answer"):
+        fetch(handler)
+    assert seen == ["identity"]
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 40

@@ -61,3 +61,28 @@ def test_lines_are_bounded_whatever_the_peer_sends() -> None:
             yield chunk
 
     assert anyio.run(frames, split()) == [b"data: a", b"data: b", b"", b"data: c"]
+
+
+def test_a_compressed_stream_is_dropped_not_expanded() -> None:
+    import gzip
+
+    import anyio
+    import httpx
+
+    from logsync.watch import _follow
+
+    calls: list[tuple] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers.get("accept-encoding") == "identity"
+        return httpx.Response(200, content=gzip.compress(b"x" * 10_000_000),
+                              headers={"content-type": "text/event-stream",
+                                       "content-encoding": "gzip"})
+
+    async def go() -> bool:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler),
+                                     headers={"Accept-Encoding": "identity"}) as http:
+            return await _follow(http, "http://peer.test/logstream/stream",
+                                 lambda *a: calls.append(a))
+
+    assert anyio.run(go) is False and calls == []
