@@ -135,20 +135,25 @@ def missing_ranges(
 ) -> list[tuple[str, int, int]]:
     """(origin, after, top) for every origin the peer holds more of.
 
-    That includes our own origin only when the peer holds more of it than we have
-    ever seen (`own_seen`: held, or refused as forged): this palace was restored
-    from an older copy (or cloned). Then the whole of our own origin is compared
-    from the start, once: ops we lost come back (the store records them as
-    `restored_replica`), and any slot we re-used since the restore is found as a
-    recorded `fork` rather than staying silently different. A slot already seen
-    and refused does not start that comparison again on every round.
+    That includes our own origin when the peer holds more of it than we do: this
+    palace was restored from an older copy (or cloned). When the peer shows more than
+    we have ever seen (`own_seen`: held, or refused as forged), the whole of our own
+    origin is compared from the start, once: ops we lost come back (the store records
+    them as `restored_replica`), and any slot we re-used since the restore is found as
+    a recorded `fork` rather than staying silently different. A slot already seen and
+    refused does not start that comparison again: only what lies above what we hold is
+    asked for.
     """
     ranges = []
     for origin in sorted(remote):
         held = int(local.get(origin, 0))
-        seen = max(held, own_seen) if origin == own else held
-        if remote[origin] > seen:
-            ranges.append((origin, 0 if origin == own else held, remote[origin]))
+        if remote[origin] <= held:
+            continue
+        # Our own origin from the start only when the peer shows more than we have ever
+        # seen; otherwise just what lies above what we hold (ops lost in a restore that a
+        # forged slot far above would hide), at the cost of one small page.
+        whole = origin == own and remote[origin] > max(held, own_seen)
+        ranges.append((origin, 0 if whole else held, remote[origin]))
     return ranges
 
 

@@ -1033,7 +1033,9 @@ def test_a_forged_far_future_op_of_ours_is_compared_once_not_every_round(stores)
     assert first.conflicts == 1 and b.list_conflicts()[0]["kind"] == "forged_origin"
     asked_before = len(peer.ops_requests())
     second = pull(b, peer)
-    assert len(peer.ops_requests()) == asked_before and not second.origins
+    again = peer.ops_requests()[asked_before:]
+    assert [r.params["after"] for r in again] == [3]  # one small page, never from 0
+    assert second.applied == 0 and second.origins[b.replica_id].start == 3
     assert b.append_event("task.note", "s", "r", "lead")["origin_seq"] == 10
 
 
@@ -1180,3 +1182,27 @@ def test_failing_origins_that_end_a_round_are_held_back_next_round(stores):
     assert set(backoff.held(1.0)) == set(bad)
     again = drive(pull_round(b, "peer-a", held_back=backoff.held(1.0)), peer)
     assert again.origins[good].applied == 2
+
+
+def test_a_refused_far_slot_does_not_hide_ops_lost_in_a_restore(stores, tmp_path):
+    """Review finding: a forged op of ours at 2**62, remembered from before a restore, made
+    the restored palace never ask for its own lost ops (then re-use their slots)."""
+    a, b = stores["a"], stores["b"]
+    append(b, 3)
+    pull(a, FakePeer(b))
+    lost = append(b, 7)  # b writes 4..10, a gets them, then b is restored to 3
+    pull(a, FakePeer(b))
+    far = f"{int(time.time() * 1000) + 10**10:013d}-000000-{b.replica_id}"
+    a._writer.execute(
+        "INSERT INTO events (id, type, stream, room, from_agent, body, created_at, "
+        "metadata_json, origin_replica, origin_seq, hlc) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        ("evt_far", "note", "s", "r", "x", "", lost[0]["created_at"], "{}", b.replica_id,
+         2**62, far))
+    pull(b, FakePeer(a))  # b refuses the far slot: it is now "seen"
+    assert b.own_seen_top() == 2**62
+    b._writer.execute("DELETE FROM events WHERE origin_replica = ? AND origin_seq > 3",
+                      (b.replica_id,))  # the restore (the conflicts ledger came with it)
+    report = pull(b, FakePeer(a))
+    assert report.origins[b.replica_id].start == 3  # only above what we hold
+    assert b.version_vector()[b.replica_id] == 10
+    assert b.append_event("task.note", "s", "r", "lead")["origin_seq"] == 11
