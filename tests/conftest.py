@@ -7,7 +7,11 @@ test moves by hand, ids come from a counter, remote ops are built by
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import shutil
+import subprocess
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -181,3 +185,20 @@ def make_store(tmp_path: Path) -> Iterator[Callable[..., Store]]:
 @pytest.fixture(scope="session")
 def remote() -> RemoteKit:
     return RemoteKit()
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A size-limited tmpfs at `where` (root only; skips with the reason otherwise),
+    unmounted afterwards: a real full disk for the store-fault tests."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a size-limited tmpfs needs root and mount(8)")
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

@@ -17,6 +17,7 @@ import pytest
 from logsync.errors import StoreError
 from logsync.store import Store
 from logsync.store.core import DB_FILENAME, StoreNeedsWrite
+from tests.conftest import mounted_tmpfs
 
 PY = [sys.executable, "-m", "logsync"]
 
@@ -29,18 +30,8 @@ def fill(store: Store, count: int, body: str = "x" * 2000) -> None:
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs (root only), unmounted afterwards."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a size-limited tmpfs needs root and mount(8)")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "2m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_disk_full_is_a_store_error_and_health_recovers(tmpfs: Path) -> None:
