@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from logsync.engine import RoundReport
 from logsync.engine import error_kind as engine_error_kind
 from logsync.errors import ConfigError
 from logsync.files import write_atomic
+from logsync.report import RoundReport
 
 PEER_STATE_FILENAME = "peer_state.json"
 FORMAT_VERSION = 1

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from logsync.errors import ValidationError
 
 if TYPE_CHECKING:
-    from logsync.engine import RoundReport
+    from logsync.report import RoundReport
 
 def choose_targets(
     notified: Mapping[str, int],
