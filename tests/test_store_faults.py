@@ -16,7 +16,8 @@ import pytest
 
 from logsync.errors import StoreError
 from logsync.store import Store
-from logsync.store.core import DB_FILENAME, StoreNeedsWrite
+from logsync.store.core import DB_FILENAME
+from logsync.store.faults import StoreNeedsWrite
 from tests.conftest import mounted_tmpfs
 
 PY = [sys.executable, "-m", "logsync"]

@@ -16,7 +16,7 @@ import platformdirs
 
 from logsync.errors import LogsyncError, ValidationError, shorten
 from logsync.store import Store
-from logsync.store.core import StoreNeedsWrite
+from logsync.store.faults import StoreNeedsWrite
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 2

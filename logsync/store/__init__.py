@@ -14,14 +14,8 @@ program can open a store the other wrote; logsync adds `logsync_conflicts`,
 """
 
 from logsync.store.apply import ApplyResult
-from logsync.store.core import (
-    DB_FILENAME,
-    DEFAULT_LIST_LIMIT,
-    MAX_LIST_LIMIT,
-    MAX_WAIT_TIMEOUT_MS,
-    Store,
-    default_id_factory,
-)
+from logsync.store.core import DB_FILENAME, Store, default_id_factory
+from logsync.store.reads import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT, MAX_WAIT_TIMEOUT_MS
 from logsync.store.schema import INSERT_ARTIFACT, INSERT_EVENT, UPSTREAM_SCHEMA
 
 __all__ = [
