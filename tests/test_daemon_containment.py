@@ -172,3 +172,47 @@ def test_the_daemon_holds_back_an_origin_that_failed(daemon: Daemon, monkeypatch
     assert seen == [set(), {origin}]
     (state,) = daemon.book.peers.values()
     assert state.reachable and origin in state.failed_origins
+
+
+def test_a_failed_round_makes_the_next_round_full_and_claims_are_released(
+    daemon: Daemon, monkeypatch: Any
+) -> None:
+    """Kills two mutants that survived: "a failed round no longer forces a full round"
+    (frames may have been missed, so only a full round knows what is owed) and "claims
+    are never released" (the origin would be held from every other peer)."""
+    from logsync.engine import RoundReport
+    from logsync.errors import PeerTransientError
+
+    origin = "rep_" + "d" * 32
+    calls: list[str] = []
+
+    async def targeted(self: PeerClient, store: Any, targets: Any, ext: Any, *,
+                       report: RoundReport | None = None, **kw: Any) -> Any:
+        calls.append("targeted")
+        assert daemon._inflight  # claimed while it runs
+        raise PeerTransientError("peer x: GET /sync/ops answered 500", peer="x")
+
+    async def full(self: PeerClient, store: Any, *, report: RoundReport | None = None,
+                   **kw: Any) -> Any:
+        calls.append("full")
+        return report
+
+    monkeypatch.setattr(PeerClient, "run_targeted", targeted)
+    monkeypatch.setattr(PeerClient, "run_round", full)
+
+    async def go() -> None:
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope())
+        now = anyio.current_time()
+        task.extensions, task.wants_full, task.last_full = Extensions(), False, now
+        schedule = PullSchedule(rng=random.Random(1), interval=60.0)
+        async with PeerClient(PEER.url, name=task.label) as client:
+            task.note(origin, 3)
+            schedule.start(now)
+            await daemon._one_round(client, task, schedule)  # targeted, fails
+            assert daemon._inflight == {}  # released on failure
+            task.note(origin, 4)
+            schedule.start(anyio.current_time())
+            await daemon._one_round(client, task, schedule)  # owed a full round
+
+    anyio.run(go)
+    assert calls == ["targeted", "full"]

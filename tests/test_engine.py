@@ -1188,3 +1188,23 @@ def test_a_refused_far_slot_does_not_hide_ops_lost_in_a_restore(stores, tmp_path
     assert report.origins[b.replica_id].start == 3  # only above what we hold
     assert b.version_vector()[b.replica_id] == 10
     assert b.append_event("task.note", "s", "r", "lead")["origin_seq"] == 11
+
+
+def test_a_stopped_origin_reports_how_far_the_store_took_it(stores, remote):
+    """Kills the mutant "the engine ignores the high-water of a stopped origin": a page
+    whose third op is bad leaves the origin at 2, and the report must say 2 (status and
+    drift read it), not where the round started."""
+    b = stores["b"]
+    origin = remote.origin(5)
+    page = [remote.op(origin, 1), remote.op(origin, 2), remote.op(origin, 3, type="Bad Type"),
+            remote.op(origin, 4)]
+
+    def peer(request: Request) -> Any:
+        if request.path == "/sync/version_vector":
+            return {"replica_id": "rep_" + "a" * 32, "version_vector": {origin: 4}}
+        return {"origin": origin, "events": page, "count": len(page)}
+
+    report = pull(b, peer)
+    progress = report.origins[origin]
+    assert progress.stop_reason.startswith(engine.STOP_STORE)
+    assert progress.reached == 2 and b.version_vector() == {origin: 2}

@@ -679,3 +679,17 @@ def test_list_ops_refuses_an_after_beyond_sqlite_integers(store: Store) -> None:
     with pytest.raises(ValidationError, match=r"after=\d+ is invalid: .* below 2\*\*63"):
         store.list_ops(store.replica_id, 2**70)
     assert store.list_ops(store.replica_id, 2**63 - 1) == []
+
+
+def test_applied_stamps_are_observed_by_the_local_clock(
+    store: Store, remote: RemoteKit, clock: FakeClock
+) -> None:
+    """Invariant 7: a remote op stamped ahead of our wall clock (within the drift bound)
+    must be followed by a local tick above it, or the merged timeline puts our later event
+    first. (One rule: the next local tick absorbs the newest stored stamp; the separate
+    observe in `apply_remote` was an equivalent copy, a surviving mutant, and is gone.)"""
+    origin = remote.origin(9)
+    ahead = clock.ms + 30_000
+    store.apply_remote([remote.op(origin, 1, ms=ahead)])
+    mine = store.append_event("task.note", "proj", "general", "lead")
+    assert mine["hlc"] > f"{ahead:013d}"

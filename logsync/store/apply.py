@@ -65,7 +65,6 @@ class _ApplyState:
     high_water: dict[str, int] = field(default_factory=dict)
     stopped: dict[str, str] = field(default_factory=dict)
     per_origin: dict[str, int] = field(default_factory=dict)
-    max_hlc: str | None = None
 
 
 def apply_page(
@@ -74,8 +73,8 @@ def apply_page(
     events: Sequence[Any],
     artifacts: Sequence[Any],
     now_ms: int,
-) -> tuple[ApplyResult, str | None]:
-    """Apply inside the caller's transaction; returns the result and the newest HLC applied."""
+) -> ApplyResult:
+    """Apply inside the caller's transaction; returns what it did."""
     state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
     applier = _Applier(conn, replica_id, state)
     applier.apply_artifacts(artifacts)
@@ -97,7 +96,7 @@ def apply_page(
         stopped=state.stopped,
         applied_per_origin=state.per_origin,
     )
-    return result, state.max_hlc
+    return result
 
 
 class _Applier:
@@ -338,8 +337,6 @@ class _Applier:
         state.applied_ids.add(row["id"])
         origin = row["origin_replica"]
         state.per_origin[origin] = state.per_origin.get(origin, 0) + 1
-        if state.max_hlc is None or row["hlc"] > state.max_hlc:
-            state.max_hlc = row["hlc"]
 
 
 # How far past our own top a slot refused as forged may push our counter. A restored

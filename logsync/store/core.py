@@ -369,12 +369,11 @@ class Store(LocalWrites, Reads):
     # ── replication ───────────────────────────────────────────────────
 
     def apply_remote(self, events: Sequence[Any], artifacts: Sequence[Any] = ()) -> ApplyResult:
-        """Fold a page of remote ops (and the artifacts they name) in, in one transaction."""
+        """Fold a page of remote ops (and the artifacts they name) in, in one transaction.
+        The clock absorbs the stamps it stored at the next local tick (`_catch_up_clock`
+        reads the newest stored stamp within the drift bound), not here."""
         with self._atomic(durable=False) as conn:
-            result, max_hlc = apply_page(conn, self.replica_id, events, artifacts, self._wall_ms())
-        if max_hlc:
-            self.clock.observe(max_hlc)
-        return result
+            return apply_page(conn, self.replica_id, events, artifacts, self._wall_ms())
 
 
 # ── argument checks ───────────────────────────────────────────────────
