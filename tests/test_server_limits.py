@@ -4,6 +4,7 @@ of clients that never read, clean SIGINT with followers, 503/500 as one JSON sen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -20,7 +21,7 @@ import pytest
 import uvicorn
 
 from logsync.server import create_app, json_bytes
-from logsync.server.limits import listen_socket, uvicorn_limits
+from logsync.server.limits import GuardedH11Protocol, listen_socket, uvicorn_limits
 from logsync.store import Store
 
 PY = [sys.executable, "-m", "logsync"]
@@ -322,3 +323,41 @@ def test_redacted_peer_urls_in_sync_peers(tmp_path: Path) -> None:
         text = httpx.get(live.url + "/sync/peers", headers=AUTH, timeout=5).text
     assert "pass" not in text and "sec" not in text and "u:p" not in text
     assert json.loads(text)["peers"][0]["url"] == "http://h:1/x?token=***&a=1"
+
+
+def test_clients_that_drip_a_body_or_never_read_an_answer_do_not_hold_request_slots(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A request slot (uvicorn counts LIMIT_CONCURRENCY of them) is freed from a client
+    that drips its body or never reads a large answer: otherwise 256 such clients turn
+    every request, /healthz included, into a 503 -- and a non-reader's buffered answer is
+    freed by aborting its connection (closing would wait for it to drain)."""
+    monkeypatch.setattr(GuardedH11Protocol, "write_stall_s", 1.0)
+    with Store.open(tmp_path / "p") as store:
+        for n in range(300):
+            store.append_event("note", "s", "r", "a", body=f"{n}" + "x" * 20_000)
+        with LiveApp(store, body_timeout_s=0.5) as live:
+            head = (f"GET /sync/ops?origin={store.replica_id}&limit=500 HTTP/1.1\r\n"
+                    f"Host: 127.0.0.1:{live.port}\r\nAuthorization: Bearer {TOKEN}\r\n")
+            dripper = socket.create_connection(("127.0.0.1", live.port))
+            dripper.sendall((head + "Content-Length: 100\r\n\r\nx").encode())
+            sleeper = socket.socket()
+            sleeper.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sleeper.connect(("127.0.0.1", live.port))
+            sleeper.sendall((head + "\r\n").encode())
+            try:
+                dripper.settimeout(5)
+                assert dripper.recv(200).startswith(b"HTTP/1.1 408")
+                # The non-reader's page (6 MB) cannot fit the socket buffers: writing
+                # stalls, and after write_stall_s the server aborts the connection.
+                time.sleep(2.0)
+                sleeper.settimeout(10)
+                total = 0
+                with contextlib.suppress(ConnectionResetError):
+                    while chunk := sleeper.recv(1 << 20):
+                        total += len(chunk)
+                assert 0 < total < 6_000_000  # aborted: the rest was never sent
+            finally:
+                dripper.close()
+                sleeper.close()
+            assert httpx.get(live.url + "/healthz", timeout=2).status_code == 200

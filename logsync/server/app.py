@@ -65,6 +65,7 @@ def create_app(
     sse_max_per_client: int = 2,
     sse_per_client_exempt: Iterable[str] = ("127.0.0.1", "::1"),
     sse_send_timeout_s: float = 10.0,
+    body_timeout_s: float = 10.0,
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
 ) -> Starlette:
     """Build the ASGI app over a ``Store`` (or a zero-argument factory opening one).
@@ -85,6 +86,8 @@ def create_app(
     of event JSON (always at least one event); upstream requests are unchanged.
     """
     _check_settings(sse_max_clients, sse_heartbeat_s, sse_poll_s, max_page, max_body_bytes)
+    if not body_timeout_s > 0:
+        raise ValidationError(f"body_timeout_s={body_timeout_s} must be positive seconds")
     if sse_max_per_client < 1 or not sse_send_timeout_s > 0 or max_page_bytes < 1:
         raise ValidationError(
             f"sse_max_per_client={sse_max_per_client}, sse_send_timeout_s="
@@ -110,6 +113,7 @@ def create_app(
         sse_max_per_client=sse_max_per_client,
         sse_per_client_exempt=frozenset(sse_per_client_exempt),
         sse_send_timeout_s=float(sse_send_timeout_s),
+        body_timeout_s=float(body_timeout_s),
         max_page_bytes=max_page_bytes,
     )
     server = _Server(store, settings, notifier)

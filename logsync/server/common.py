@@ -134,6 +134,9 @@ class Settings:
     sse_per_client_exempt: frozenset[str] = frozenset()
     sse_send_timeout_s: float = 10.0
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
+    # A request body must arrive within this: a client dripping one would otherwise hold
+    # one of the LIMIT_CONCURRENCY request slots for good (answers: limits.WRITE_STALL_S).
+    body_timeout_s: float = 10.0
 
 
 class _Server:

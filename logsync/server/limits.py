@@ -9,7 +9,9 @@ requests in flight, so a thousand idle sockets would turn every request into a 5
   opened (or after it started the next head on a kept-alive connection) is closed;
 - ``limit_concurrency`` counts requests in flight only (uvicorn answers 503 beyond it);
 - a connection beyond ``max_connections()`` is closed the moment it is accepted, so the
-  process keeps file descriptors for the clients that do talk.
+  process keeps file descriptors for the clients that do talk;
+- a connection whose client takes nothing of an answer for ``WRITE_STALL_S`` is aborted,
+  freeing its buffered answer and its request slot.
 
 ``listen_socket`` and ``check_tls`` turn a port in use or a TLS pair that cannot be
 loaded into one ``ConfigError`` sentence before anything is printed or served.
@@ -34,6 +36,9 @@ from logsync.errors import ConfigError
 logger = logging.getLogger("logsync.server")
 
 HEADER_TIMEOUT_S = 10.0
+# A client that takes no byte of an answer for this long is cut off (our own pullers give
+# up on a request after 60 s): memory per connection is one buffered answer, for a while.
+WRITE_STALL_S = 60.0
 KEEP_ALIVE_S = 5
 LIMIT_CONCURRENCY = 256  # requests in flight; uvicorn answers 503 beyond it
 MAX_INCOMPLETE_EVENT_BYTES = 16 * 1024  # a request head larger than this is a 400
@@ -62,15 +67,39 @@ class _NoConnections:
 
 _NO_CONNECTIONS = _NoConnections()
 
-
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a request-head deadline and a connection ceiling."""
 
     header_timeout_s = HEADER_TIMEOUT_S
+    write_stall_s = WRITE_STALL_S
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._stall_timer: asyncio.TimerHandle | None = None
+
+    def pause_writing(self) -> None:
+        """The client is not taking what we wrote: it has `write_stall_s` to start again.
+        Closing would wait for the buffer to drain (forever, for a client that never
+        reads), so a stalled connection is aborted, its buffered answer freed."""
+        super().pause_writing()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self.write_stall_s, self._stalled)
+
+    def resume_writing(self) -> None:
+        self._cancel_stall_timer()
+        super().resume_writing()
+
+    def _cancel_stall_timer(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stalled(self) -> None:
+        self._stall_timer = None
+        logger.info("aborting a connection whose client took nothing for %g s",
+                    self.write_stall_s)
+        self.transport.abort()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -85,6 +114,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_stall_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -102,6 +132,7 @@ class GuardedH11Protocol(H11Protocol):
             super().handle_events()
         finally:
             self.connections = self.server_state.connections
+
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlparse
 
+import anyio
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -116,15 +117,18 @@ class _Guard:
         elif "chunked" not in headers.get("transfer-encoding", "").lower():
             return None
         total = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return None
-            total += len(message.get("body", b""))
-            if total > cap:
-                return _error(413, f"request body exceeds the maximum of {cap} bytes")
-            if not message.get("more_body", False):
-                return None
+        with anyio.move_on_after(self.srv.cfg.body_timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return None
+                total += len(message.get("body", b""))
+                if total > cap:
+                    return _error(413, f"request body exceeds the maximum of {cap} bytes")
+                if not message.get("more_body", False):
+                    return None
+        return _error(408, f"the request body did not arrive within "
+                           f"{self.srv.cfg.body_timeout_s:g} s")
 
 
 def _token_ok(headers: Headers, token: str) -> bool:
