@@ -187,17 +187,30 @@ def remote() -> RemoteKit:
     return RemoteKit()
 
 
+STRICT_ENV = "LOGSYNC_TESTS_STRICT"
+
+
+def unavailable(reason: str) -> None:
+    """Skip a test whose system tool or privilege is missing here, with the reason; under
+    `.ci/run` (LOGSYNC_TESTS_STRICT=1), which installs and runs everything as root, the
+    same absence fails the test instead, so a green CI never hides a check that did not
+    run."""
+    if os.environ.get(STRICT_ENV) == "1":
+        pytest.fail(f"{reason} (required under {STRICT_ENV}=1)")
+    pytest.skip(reason)
+
+
 @contextlib.contextmanager
 def mounted_tmpfs(where: Path, size: str) -> Iterator[Path]:
     """A size-limited tmpfs at `where` (root only; skips with the reason otherwise),
     unmounted afterwards: a real full disk for the store-fault tests."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a size-limited tmpfs needs root and mount(8)")
+        unavailable("mounting a size-limited tmpfs needs root and mount(8)")
     where.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
                           capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        unavailable(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
         yield where
     finally:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from logsync.peers import check_url, redact_url
+from tests.conftest import unavailable
 
 PY = [sys.executable, "-m", "logsync"]
 
@@ -79,7 +80,7 @@ def _pair(tmp: Path, name: str) -> tuple[Path, Path]:
                            "-keyout", str(key), "-out", str(cert), "-days", "1",
                            "-subj", "/CN=127.0.0.1"], capture_output=True)
     if done.returncode != 0:
-        pytest.skip("openssl cannot make a test certificate here")
+        unavailable("openssl cannot make a test certificate here")
     return cert, key
 
 

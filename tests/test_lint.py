@@ -15,3 +15,18 @@ def test_ruff_finds_nothing() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_missing_tool_skips_here_and_fails_under_ci(monkeypatch) -> None:
+    """`.ci/run` sets LOGSYNC_TESTS_STRICT=1: a fault test that cannot run there fails,
+    so a green CI never hides a check that was skipped."""
+    import pytest
+
+    from tests.conftest import STRICT_ENV, unavailable
+
+    monkeypatch.delenv(STRICT_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no tool"):
+        unavailable("no tool")
+    monkeypatch.setenv(STRICT_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="no tool"):
+        unavailable("no tool")

@@ -18,7 +18,7 @@ from logsync.errors import StoreError
 from logsync.store import Store
 from logsync.store.core import DB_FILENAME
 from logsync.store.faults import StoreNeedsWrite
-from tests.conftest import mounted_tmpfs
+from tests.conftest import mounted_tmpfs, unavailable
 
 PY = [sys.executable, "-m", "logsync"]
 
@@ -136,13 +136,13 @@ def test_cli_reports_a_corrupt_store_in_one_line(tmp_path: Path) -> None:
 def _chattr(flag: str, *paths: Path) -> None:
     done = subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"chattr {flag} is not supported here: {done.stderr.strip()}")
+        unavailable(f"chattr {flag} is not supported here: {done.stderr.strip()}")
 
 
 @pytest.fixture
 def immutable_palace(tmp_path: Path) -> Iterator[Path]:
     if shutil.which("chattr") is None:
-        pytest.skip("chattr(1) is not installed")
+        unavailable("chattr(1) is not installed")
     palace = tmp_path / "palace"
     with Store.open(palace) as store:
         fill(store, 3)
@@ -217,7 +217,7 @@ def test_open_never_chmods_an_existing_directory(tmp_path: Path) -> None:
 
 def test_health_names_files_made_immutable_mid_run_and_recovers(tmp_path: Path) -> None:
     if shutil.which("chattr") is None:
-        pytest.skip("chattr(1) is not installed")
+        unavailable("chattr(1) is not installed")
     palace = tmp_path / "palace"
     store = Store.open(palace)
     files = [palace / name for name in os.listdir(palace)]
