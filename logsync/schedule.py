@@ -56,7 +56,7 @@ class OriginBackoff:
 
     rng: random.Random
     base: float = 5.0
-    cap: float = 300.0
+    cap: float = 60.0  # a recovered origin waits at most about a minute (four intervals)
     max_tracked: int = 4096
     failures: dict[str, tuple[int, float]] = field(default_factory=dict)
 

@@ -163,13 +163,19 @@ class Driver:
                 since_full=since, interval=self.spec.interval,
             )
         link.notified = {}
+        if link.backoff is None:
+            link.backoff = engine.OriginBackoff(rng=self.sim.rng)
+        held_back = link.backoff.held(self.sim.clock.now)  # as the daemon holds them back
+        if targets:
+            targets = {o: t for o, t in targets.items() if o not in held_back}
         if targets is None:
             link.wants_full = False
             link.last_full_us = now_us
             run = Run(node, link, "full", report, now_us)
             run.flows = [Flow(engine.pull_round(
                 node.view.pulling_from(link.name), link.name, page_limit=self.spec.page_limit,
-                use_extensions=self.spec.extensions, batch_artifacts=True, report=report))]
+                use_extensions=self.spec.extensions, batch_artifacts=True, report=report,
+                held_back=held_back))]
         elif not targets:
             link.schedule.succeeded(self.sim.clock.now)
             self._arm(node, link)
@@ -329,6 +335,8 @@ class Driver:
             link.run = None
         now = self.sim.clock.now
         took = to_s(self.sim.clock.now_us - run.started_us)
+        if link.backoff is not None:  # failed origins, also of a failed round (the daemon's)
+            link.backoff.record(run.report, now)
         if error is None:
             if run.kind == "full":
                 link.extensions = run.report.negotiated if self.spec.extensions \

@@ -108,6 +108,7 @@ class PeerLink:
     wants_full: bool = True
     extensions: engine.Extensions | None = None
     last_full_us: int | None = None
+    backoff: engine.OriginBackoff | None = None  # the daemon's per-origin backoff
 
 
 class SimNode:
