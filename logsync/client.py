@@ -3,10 +3,9 @@
 Answers from a peer are untrusted input. Every foreign failure is translated
 into the project's own types where it enters (STYLE.md §6):
 
-    connect error, timeout, 5xx, 429      -> PeerTransientError (retried, Retry-After honoured)
-    401, 403                              -> PeerAuthError      (never retried)
-    other 4xx (404 unless asked for)      -> PeerRequestError   (never retried)
-    bad JSON/msgpack, redirects           -> PeerProtocolError  (never retried)
+    status codes, retries, Retry-After    -> `fetchpolicy.FetchPolicy` (shared with the simulator)
+    connect error, read timeout           -> PeerTransientError (retried)
+    bad JSON/msgpack                      -> PeerProtocolError  (never retried)
     past the byte cap or a decode bound   -> PeerTooLargeError  (the engine asks for less)
 
 Everything a peer sends is bounded (invariant 10): the body by `max_response_bytes`,
@@ -24,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Generator, Mapping
 from typing import Any
@@ -32,14 +32,6 @@ import anyio
 import anyio.to_thread
 import httpx
 from anyio.abc import TaskGroup
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    retry_if_not_exception_type,
-    stop_after_attempt,
-)
-from tenacity.wait import wait_random_exponential
 
 from logsync import __version__
 from logsync.answers import (
@@ -55,20 +47,22 @@ from logsync.engine import RoundReport, StoreLike, pull_round, targeted_origin
 from logsync.errors import (
     ConfigError,
     LogsyncError,
-    PeerAuthError,
     PeerError,
     PeerProtocolError,
-    PeerRequestError,
     PeerTooLargeError,
-    PeerTransientError,
     shorten,
+)
+from logsync.fetchpolicy import (
+    OPS_PATH,
+    FetchPolicy,
+    PeerDeadlineError,
+    prefetch_guess,
+    request_key,
 )
 from logsync.peers import redact_url
 from logsync.wire import Batch, Extensions, Request, Step
 
-
-class PeerDeadlineError(PeerTransientError):
-    """An answer that did not finish within the request deadline (not retried)."""
+__all__ = ["MAX_RESPONSE_BYTES", "PeerClient", "PeerDeadlineError", "sync_once", "tls_context"]
 
 logger = logging.getLogger("logsync.client")
 
@@ -79,9 +73,6 @@ ROUND_DEADLINE_S = 600.0  # a round is capped at MAX_OPS_PER_ROUND ops: minutes 
 # a prefetch): one answer may reach the cap, several big ones are refused as too large
 # (the engine then asks for smaller pages), so memory never scales with concurrency.
 MAX_BUFFERED_BYTES = 96 * 1024 * 1024
-RETRYABLE_STATUSES = frozenset({429, 503})
-UPSTREAM_CONCURRENCY = 4  # a MemPalace hub drops connections beyond its listen backlog
-OPS_PATH = "/sync/ops"
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -109,20 +100,20 @@ class PeerClient:
         round_deadline: float = ROUND_DEADLINE_S,
         transport: httpx.AsyncBaseTransport | None = None,
         sleep: Sleep | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.url = _check_url(url)
         self.name = name or redact_url(self.url)
         self.max_response_bytes = max_response_bytes
-        self.attempts = attempts
-        self.backoff = backoff
-        self.max_backoff = max_backoff
-        self.max_retry_after = max_retry_after
+        self.policy = FetchPolicy(attempts=attempts, backoff=backoff, max_backoff=max_backoff,
+                                  max_retry_after=max_retry_after, concurrency=concurrency)
         self.request_deadline = request_deadline
         self.round_deadline = round_deadline
         self._buffered = 0  # bytes held by answers being read right now
-        self._limiter = anyio.CapacityLimiter(concurrency)
-        self._upstream_limiter = anyio.CapacityLimiter(min(concurrency, UPSTREAM_CONCURRENCY))
+        self._limiter = anyio.CapacityLimiter(self.policy.batch_concurrency(upstream=False))
+        self._upstream_limiter = anyio.CapacityLimiter(self.policy.batch_concurrency(upstream=True))
         self._sleep = sleep or anyio.sleep
+        self._rng = rng or random.Random()
         headers = {"User-Agent": f"logsync/{__version__}", "Accept": "application/json",
                    **ACCEPT_ENCODING}
         if token:
@@ -216,9 +207,8 @@ class PeerClient:
     async def _targeted(self, store: StoreLike, targets: Mapping[str, int], ext: Extensions,
                         origins_in_flight: int, report: RoundReport) -> RoundReport:
         report.extensions = ext.names()
-        if not ext.names():  # a MemPalace hub: few connections (see UPSTREAM_CONCURRENCY)
-            origins_in_flight = min(origins_in_flight, UPSTREAM_CONCURRENCY // 2)
-        limiter = anyio.CapacityLimiter(max(1, origins_in_flight))
+        limiter = anyio.CapacityLimiter(
+            self.policy.origins_in_flight(origins_in_flight, upstream=not ext.names()))
         failures: list[LogsyncError] = []
         local = await anyio.to_thread.run_sync(store.version_vector)
 
@@ -294,36 +284,18 @@ class PeerClient:
     # ── one request ───────────────────────────────────────────────────
 
     async def fetch(self, request: Request) -> tuple[Any, int]:
-        """Perform one request with retries on the transient branch: (answer, body bytes)."""
-        retrying = AsyncRetrying(
-            # A peer that dripped an answer past the deadline would only drip again.
-            retry=(retry_if_exception_type(PeerTransientError)
-                   & retry_if_not_exception_type(PeerDeadlineError)),
-            stop=stop_after_attempt(self.attempts) | self._hint_too_long,
-            wait=self._wait,
-            sleep=self._sleep,
-            before_sleep=self._log_retry,
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
+        """Perform one request, retried as `FetchPolicy.retry_wait` says: (answer, bytes)."""
+        attempt = 1
+        while True:
+            try:
                 return await self._fetch_once(request)
-        raise AssertionError("tenacity ends with a result or the last error")
-
-    def _wait(self, state: RetryCallState) -> float:
-        base = wait_random_exponential(multiplier=self.backoff, max=self.max_backoff)(state)
-        hint = _retry_after_of(state)
-        return max(base, hint or 0.0)
-
-    def _hint_too_long(self, state: RetryCallState) -> bool:
-        """A Retry-After beyond our patience ends the round; the schedule honours it."""
-        hint = _retry_after_of(state)
-        return hint is not None and hint > self.max_retry_after
-
-    def _log_retry(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        logger.info("peer %s: attempt %d failed (%s); retrying", self.name,
-                    state.attempt_number, exc)
+            except PeerError as exc:
+                wait = self.policy.retry_wait(attempt, exc, self._rng)
+                if wait is None:
+                    raise
+                logger.info("peer %s: attempt %d failed (%s); retrying", self.name, attempt, exc)
+            await self._sleep(wait)
+            attempt += 1
 
     async def _fetch_once(self, request: Request) -> tuple[Any, int]:
         where = f"peer {self.name}: GET {request.path}"
@@ -386,20 +358,10 @@ class PeerClient:
         return body
 
     def _check_status(self, response: httpx.Response, body: bytes, where: str) -> None:
-        status = response.status_code
-        if 200 <= status < 300:
-            return
-        said = error_text(body)
-        message = f"{where} answered {status}{': ' + said if said else ''}"
-        if status in RETRYABLE_STATUSES or status >= 500:
-            raise PeerTransientError(message, peer=self.name,
-                                     retry_after=parse_retry_after(response.headers))
-        if status in (401, 403):
-            raise PeerAuthError(f"{message} (check the token)", peer=self.name)
-        if 400 <= status < 500:
-            raise PeerRequestError(message, peer=self.name)
-        raise PeerProtocolError(f"{message}; expected 2xx (redirects are not followed)",
-                                peer=self.name)
+        error = self.policy.error_for_status(response.status_code, error_text(body), where,
+                                             self.name, parse_retry_after(response.headers))
+        if error is not None:
+            raise error
 
 
 async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
@@ -437,7 +399,7 @@ class _Prefetcher:
         self._pending: dict[tuple[Any, ...], _Prefetch] = {}
 
     async def take(self, request: Request) -> tuple[Any, int]:
-        pending = self._pending.pop(_page_key(request), None)
+        pending = self._pending.pop(request_key(request), None)
         self._pending.clear()  # any other guess was wrong
         if pending is None:
             return await self._client.fetch(request)
@@ -447,17 +409,11 @@ class _Prefetcher:
         return pending.answer, pending.size
 
     def after(self, request: Request, answer: Any) -> None:
-        """Guess the next page when this one came back full."""
-        events = answer.get("events") if isinstance(answer, dict) else None
-        limit = request.params.get("limit")
-        if not isinstance(events, list) or not events or len(events) != limit:
+        """Fetch the next page now when this one came back full (`prefetch_guess`)."""
+        guess = prefetch_guess(request, answer)
+        if guess is None:
             return
-        last = events[-1].get("origin_seq") if isinstance(events[-1], dict) else None
-        if not isinstance(last, int) or isinstance(last, bool):
-            return
-        guess = Request(request.path, {**request.params, "after": last},
-                        accept_msgpack=request.accept_msgpack)
-        slot = self._pending[_page_key(guess)] = _Prefetch()
+        slot = self._pending[request_key(guess)] = _Prefetch()
         self._group.start_soon(self._fill, guess, slot)
 
     async def _fill(self, request: Request, slot: _Prefetch) -> None:
@@ -469,10 +425,6 @@ class _Prefetcher:
             slot.done.set()
 
 
-def _page_key(request: Request) -> tuple[Any, ...]:
-    return (request.path, tuple(sorted(request.params.items())), request.accept_msgpack)
-
-
 def _advance(gen: Generator[Step, Any, RoundReport], how: str, value: Any) -> tuple[bool, Any]:
     """Step the round in a worker thread; StopIteration cannot cross into a Future."""
     try:
@@ -480,11 +432,6 @@ def _advance(gen: Generator[Step, Any, RoundReport], how: str, value: Any) -> tu
     except StopIteration as stop:
         return True, stop.value
     return False, step
-
-
-def _retry_after_of(state: RetryCallState) -> float | None:
-    exc = state.outcome.exception() if state.outcome else None
-    return getattr(exc, "retry_after", None)
 
 
 def _check_url(url: object) -> str:

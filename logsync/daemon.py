@@ -6,16 +6,16 @@ peer scope holds its pull loop and its change-notification watcher. SIGINT or
 SIGTERM cancels the pull loops first -- a page being applied runs to its
 commit in its worker thread, because the store call is not abandoned on
 cancel -- then stops the server. Decisions about *when* to pull live in
-`engine.PullSchedule`; this module only keeps time and does I/O.
+`logsync.peerloop.PeerLoop` (one per peer); this module keeps time, does the I/O
+and carries out the loop's plans.
 
 A fault stays with its cause (invariant 9): whatever a round raises -- a peer's
 error, a bug of ours, a local store fault -- is logged in one line (the traceback
 at DEBUG), recorded in that peer's state with its kind (`engine.error_kind`), and
 backs off only that peer's loop. A store fault (disk full, read-only, corrupt)
 also pauses every pull and answers `/sync/*` with a 503 naming it, until a
-periodic `Store.health_problem()` check passes. Every round has a deadline; an
-origin claimed by a targeted round is released when the round ends and expires
-after `CLAIM_TTL_S` anyway.
+periodic `Store.health_problem()` check passes. Every round has a deadline (the
+client's); claims on origins are the peer loop's (`peerloop.Claims`).
 """
 
 from __future__ import annotations
@@ -46,24 +46,18 @@ from logsync.defaults import (
 )
 from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError, LogsyncError, PeerTransientError, StoreError
+from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop
 from logsync.peerstate import PeerBook, PeerState
-from logsync.schedule import OriginBackoff, PullSchedule, choose_targets
 from logsync.server import create_app, is_loopback_host
 from logsync.server.limits import check_tls, listen_socket, uvicorn_limits
 from logsync.store import Store
 from logsync.watch import watch_stream
-from logsync.wire import Extensions
 
 log = logging.getLogger("logsync.daemon")
 
 PEERS_POLL_S = 1.0
-# A claim keeps a second peer from pulling the same origin at once; it is a courtesy, not
-# a lock (applying twice is idempotent), so it lapses soon: a claiming pull that drips
-# must not hold back an honest peer's newer ops for long.
-CLAIM_TTL_S = 10.0
 STORE_CHECK_S = 5.0
 LOGGED_ORIGIN_FAILURES = 3  # per round; the rest are counted in one line
-MAX_NOTIFIED = 1024  # origins remembered from frames between rounds; beyond: a full round
 GRACEFUL_SHUTDOWN_S = 3.0  # event streams never end on their own; cut them after this
 
 
@@ -98,16 +92,12 @@ class DaemonConfig:
 
 @dataclass
 class _PeerTask:
-    """One peer's loop: its notifications since the last round, and what it knows."""
+    """One peer's task: its `PeerLoop` (which decides) and what wakes its waiter."""
 
     peer: peers_mod.Peer
     scope: anyio.CancelScope
+    loop: PeerLoop
     wake: anyio.Event = field(default_factory=anyio.Event)
-    notified: dict[str, int] = field(default_factory=dict)  # origin -> top seen in frames
-    wants_full: bool = True  # a (re)connected stream may have missed frames
-    extensions: Extensions | None = None  # known after the first full round
-    last_full: float = float("-inf")
-    backoff: OriginBackoff | None = None  # per-origin, made with the daemon's rng
 
     @property
     def label(self) -> str:
@@ -115,13 +105,8 @@ class _PeerTask:
         return self.peer.name or peers_mod.redact_url(self.peer.url)
 
     def note(self, origin: str | None, seq: int | None) -> None:
-        if origin is None or seq is None:
-            self.wants_full = True
-        elif seq > self.notified.get(origin, 0):
-            if origin not in self.notified and len(self.notified) >= MAX_NOTIFIED:
-                self.notified.clear()  # bounded: a full round covers whatever was named
-                self.wants_full = True
-            self.notified[origin] = seq
+        """A frame from the peer's stream (None, None: the stream (re)connected)."""
+        self.loop.frame(origin, seq, anyio.current_time())
         self.wake.set()
 
 
@@ -143,7 +128,7 @@ class Daemon:
         self.book = PeerBook.load(config.palace)
         self._rng = rng or random.Random()
         self._tasks: dict[str, _PeerTask] = {}
-        self._inflight: dict[str, tuple[int, float]] = {}  # origin -> (top, expires at)
+        self.claims = Claims()  # origins being pulled, shared by every peer's loop
         self.store_fault: str | None = None  # a local store fault: pulls pause, /sync/* 503
         self._next_store_check = 0.0
         self._store_healthy: anyio.Event | None = None  # made in run(): needs the loop
@@ -250,9 +235,14 @@ class Daemon:
         self.book.retain(set(wanted))
         for key, peer in wanted.items():
             if key not in self._tasks:
-                task = _PeerTask(peer=peer, scope=anyio.CancelScope())
+                task = _PeerTask(peer=peer, scope=anyio.CancelScope(),
+                                 loop=self._new_loop())
                 self._tasks[key] = task
                 tg.start_soon(self._peer_scope, task)
+
+    def _new_loop(self) -> PeerLoop:
+        return PeerLoop.make(self.store.replica_id, self.claims, self._rng,
+                             interval=self.config.interval, debounce=DEFAULT_DEBOUNCE_S)
 
     async def _peer_scope(self, task: _PeerTask) -> None:
         with task.scope:
@@ -268,69 +258,49 @@ class Daemon:
     # ── one peer ──────────────────────────────────────────────────────
 
     async def _pull_loop(self, task: _PeerTask) -> None:
-        """Anti-entropy on the schedule, plus a pull right after a change notification."""
-        schedule = PullSchedule(rng=self._rng, interval=self.config.interval,
-                                debounce=DEFAULT_DEBOUNCE_S)
-        schedule.start(anyio.current_time())
+        """Carry out the peer loop's plans: wait until due, then run the round it names."""
+        task.loop.start(anyio.current_time())
         peer = task.peer
         async with PeerClient(peer.url, peer.token, name=task.label,
-                              ca_file=self.config.ca_file) as client:
+                              ca_file=self.config.ca_file, rng=self._rng) as client:
             while True:
-                await self._wait_until_due(task, schedule)
+                await self._wait_until_due(task)
                 if self._store_healthy is not None:
                     await self._store_healthy.wait()
-                await self._one_round(client, task, schedule)
+                await self._one_round(client, task)
 
-    async def _wait_until_due(self, task: _PeerTask, schedule: PullSchedule) -> None:
-        while not schedule.is_due(anyio.current_time()):
-            wait = schedule.wait_time(anyio.current_time())
+    async def _wait_until_due(self, task: _PeerTask) -> None:
+        while not task.loop.is_due(anyio.current_time()):
+            wait = task.loop.wait_time(anyio.current_time())
             with anyio.move_on_after(wait if wait is not None else PEERS_POLL_S):
                 await task.wake.wait()
             if task.wake.is_set():
                 task.wake = anyio.Event()
-                schedule.notified(anyio.current_time())
 
-    async def _one_round(self, client: PeerClient, task: _PeerTask, schedule: PullSchedule) -> None:
-        """A full anti-entropy round, or -- after notifications -- just the named origins."""
+    async def _one_round(self, client: PeerClient, task: _PeerTask) -> None:
+        """The round the peer loop plans: full, targeted, or none."""
         state = self.book.get(task.peer.key, task.peer.url)
-        now = anyio.current_time()
-        schedule.begin(now)
         state.record_attempt(time.time())
+        report = RoundReport(peer=task.label)
         try:
             local = await anyio.to_thread.run_sync(self.store.version_vector)
-            claims = self._claims(now)
-            targets = choose_targets(
-                task.notified, local, self.store.replica_id, claims,
-                extensions_known=task.extensions is not None and not task.wants_full,
-                since_full=now - task.last_full, interval=self.config.interval,
-            )
-            # Origins another peer's pull has claimed are kept for after its claim.
-            task.notified = {} if targets is None else {
-                o: t for o, t in task.notified.items()
-                if o not in targets and t > local.get(o, 0) and claims.get(o, 0) >= t}
-            if targets == {}:  # nothing to pull now: no request, no news
-                schedule.succeeded(anyio.current_time())
-                self._recheck_held_back(task, schedule)
+            plan = task.loop.begin(anyio.current_time(), local)
+            if isinstance(plan, NoRound):  # nothing to pull now: no request, no news
                 return
-            report = await self._pull(client, task, targets)
+            if isinstance(plan, FullRound):
+                await client.run_round(self.store, report=report, held_back=plan.held_back)
+            else:
+                await client.run_targeted(self.store, plan.targets, plan.extensions,
+                                          origins_in_flight=DEFAULT_ORIGINS_IN_FLIGHT,
+                                          report=report)
         except Exception as exc:  # noqa: BLE001 - invariant 9: nothing leaves this loop
-            self._round_failed(task, state, schedule, exc)
+            self._round_failed(task, state, report, exc)
         else:
-            self._record(task, state, report, full=targets is None)
-            if task.wake.is_set() or report.capped:  # more is owed: go again soon
-                task.wake = anyio.Event()
-                schedule.notified(anyio.current_time())
-            schedule.succeeded(anyio.current_time())
-            self._recheck_held_back(task, schedule)
+            task.loop.succeeded(report, anyio.current_time())
+            self._record(task, state, report, full=isinstance(plan, FullRound))
         await anyio.to_thread.run_sync(self._save_state)
 
-    def _recheck_held_back(self, task: _PeerTask, schedule: PullSchedule) -> None:
-        """Notified origins held back by a claim are pulled when it lapses or is released."""
-        lapses = [self._inflight[o][1] for o in task.notified if o in self._inflight]
-        if task.notified:
-            schedule.due_by(min(lapses) if lapses else anyio.current_time())
-
-    def _round_failed(self, task: _PeerTask, state: PeerState, schedule: PullSchedule,
+    def _round_failed(self, task: _PeerTask, state: PeerState, report: RoundReport,
                       exc: Exception) -> None:
         """Record and back off; the peer's loop, the server and every other peer go on."""
         kind = error_kind(exc)
@@ -343,53 +313,8 @@ class Daemon:
         else:
             log.warning("%s", _named(task.label, str(exc)))
         state.record_failure(exc, time.time())
-        task.wants_full = True
         hint = exc.retry_after if isinstance(exc, PeerTransientError) else None
-        schedule.failed(anyio.current_time(), hint)
-
-    def _backoff(self, task: _PeerTask) -> OriginBackoff:
-        if task.backoff is None:
-            task.backoff = OriginBackoff(rng=self._rng)
-        return task.backoff
-
-    def _claims(self, now: float) -> dict[str, int]:
-        """Unexpired claims (origin -> top); expired ones are dropped."""
-        for origin, (_, expires) in list(self._inflight.items()):
-            if expires <= now:
-                del self._inflight[origin]
-        return {origin: top for origin, (top, _) in self._inflight.items()}
-
-    async def _pull(self, client: PeerClient, task: _PeerTask,
-                    targets: dict[str, int] | None) -> RoundReport:
-        if targets is None:
-            task.wants_full = False
-            task.last_full = anyio.current_time()
-            report = RoundReport(peer=task.label)
-            try:
-                await client.run_round(self.store, report=report,
-                                       held_back=self._backoff(task).held(task.last_full))
-            finally:  # a round that failed still says which origins did
-                self._backoff(task).record(report, anyio.current_time())
-            task.extensions = report.negotiated
-            return report
-        assert task.extensions is not None
-        now = anyio.current_time()
-        backing_off = self._backoff(task).held(now)
-        targets = {o: t for o, t in targets.items() if o not in backing_off}
-        held = self._claims(now)
-        claimed = {o: t for o, t in targets.items() if t > held.get(o, 0)}
-        expires = now + CLAIM_TTL_S
-        self._inflight.update({o: (t, expires) for o, t in claimed.items()})  # one puller each
-        report = RoundReport(peer=task.label)
-        try:
-            return await client.run_targeted(self.store, targets, task.extensions,
-                                              origins_in_flight=DEFAULT_ORIGINS_IN_FLIGHT,
-                                              report=report)
-        finally:
-            self._backoff(task).record(report, anyio.current_time())
-            for origin, top in claimed.items():
-                if self._inflight.get(origin, (None,))[0] == top:
-                    del self._inflight[origin]
+        task.loop.failed(report, anyio.current_time(), hint)
 
     def _record(self, task: _PeerTask, state: PeerState, report: RoundReport, *,
                 full: bool) -> None:

@@ -17,9 +17,10 @@ import httpx
 import pytest
 
 from logsync.client import PeerClient
-from logsync.daemon import CLAIM_TTL_S, MAX_NOTIFIED, Daemon, DaemonConfig, _PeerTask
+from logsync.daemon import Daemon, DaemonConfig, _PeerTask
 from logsync.engine import Extensions, PullSchedule
 from logsync.errors import StoreError
+from logsync.peerloop import CLAIM_TTL_S, MAX_NOTIFIED
 from logsync.peers import Peer
 
 PEER = Peer(url="http://user:secret@127.0.0.1:9/", name=None)
@@ -40,12 +41,11 @@ def one_round(daemon: Daemon, raise_: BaseException, monkeypatch: Any) -> PullSc
     monkeypatch.setattr(PeerClient, "run_round", boom)
 
     async def go() -> PullSchedule:
-        task = _PeerTask(peer=PEER, scope=anyio.CancelScope())
-        schedule = PullSchedule(rng=random.Random(1), interval=10.0)
-        schedule.start(anyio.current_time())
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope(), loop=daemon._new_loop())
+        task.loop.start(anyio.current_time())
         async with PeerClient(PEER.url, name=task.label) as client:
-            await daemon._one_round(client, task, schedule)
-        return schedule
+            await daemon._one_round(client, task)
+        return task.loop.schedule
 
     return anyio.run(go)
 
@@ -106,17 +106,17 @@ def test_a_store_fault_pauses_pulls_answers_503_and_clears_by_itself(
 def test_claims_expire_and_notifications_stay_bounded(daemon: Daemon) -> None:
     """Finding 10: a frame naming an origin at 2**62 held it 'in flight' for good."""
     origin = "rep_" + "a" * 32
-    daemon._inflight[origin] = (2**62, 100.0 + CLAIM_TTL_S)
-    assert daemon._claims(100.0) == {origin: 2**62}
-    assert daemon._claims(100.0 + CLAIM_TTL_S) == {}
+    daemon.claims.entries[origin] = (2**62, 100.0 + CLAIM_TTL_S)
+    assert daemon.claims.active(100.0) == {origin: 2**62}
+    assert daemon.claims.active(100.0 + CLAIM_TTL_S) == {}
     assert CLAIM_TTL_S <= 10
 
     async def go() -> None:
-        task = _PeerTask(peer=PEER, scope=anyio.CancelScope())
-        task.wants_full = False
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope(), loop=daemon._new_loop())
+        task.loop.wants_full = False
         for n in range(MAX_NOTIFIED + 5):
             task.note(f"rep_{n:032x}", 1)
-        assert len(task.notified) <= MAX_NOTIFIED and task.wants_full
+        assert len(task.loop.notified) <= MAX_NOTIFIED and task.loop.wants_full
 
     anyio.run(go)
 
@@ -129,15 +129,16 @@ def test_a_notification_held_back_by_a_claim_is_kept_for_when_the_claim_lapses(
 
     async def go() -> tuple[dict[str, int], float | None, float]:
         now = anyio.current_time()
-        daemon._inflight[origin] = (2**62, now + CLAIM_TTL_S)
-        task = _PeerTask(peer=PEER, scope=anyio.CancelScope())
-        task.extensions, task.wants_full, task.last_full = Extensions(), False, now
+        daemon.claims.entries[origin] = (2**62, now + CLAIM_TTL_S)
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope(), loop=daemon._new_loop())
+        loop = task.loop
+        loop.extensions, loop.wants_full, loop.last_full = Extensions(), False, now
+        loop.schedule.interval = 60.0
+        loop.start(now)
         task.note(origin, 4)
-        schedule = PullSchedule(rng=random.Random(1), interval=60.0)
-        schedule.start(now)
         async with PeerClient(PEER.url, name=task.label) as client:
-            await daemon._one_round(client, task, schedule)
-        return task.notified, schedule.next_due, now
+            await daemon._one_round(client, task)
+        return loop.notified, loop.schedule.next_due, now
 
     notified, due, now = anyio.run(go)
     assert notified == {origin: 4}
@@ -161,12 +162,11 @@ def test_the_daemon_holds_back_an_origin_that_failed(daemon: Daemon, monkeypatch
     monkeypatch.setattr(PeerClient, "run_round", fake)
 
     async def go() -> None:
-        task = _PeerTask(peer=PEER, scope=anyio.CancelScope())
-        schedule = PullSchedule(rng=random.Random(1), interval=10.0)
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope(), loop=daemon._new_loop())
         async with PeerClient(PEER.url, name=task.label) as client:
             for _ in range(2):
-                schedule.start(anyio.current_time())
-                await daemon._one_round(client, task, schedule)
+                task.loop.start(anyio.current_time())
+                await daemon._one_round(client, task)
 
     anyio.run(go)
     assert seen == [set(), {origin}]
@@ -189,7 +189,7 @@ def test_a_failed_round_makes_the_next_round_full_and_claims_are_released(
     async def targeted(self: PeerClient, store: Any, targets: Any, ext: Any, *,
                        report: RoundReport | None = None, **kw: Any) -> Any:
         calls.append("targeted")
-        assert daemon._inflight  # claimed while it runs
+        assert daemon.claims.entries  # claimed while it runs
         raise PeerTransientError("peer x: GET /sync/ops answered 500", peer="x")
 
     async def full(self: PeerClient, store: Any, *, report: RoundReport | None = None,
@@ -201,18 +201,19 @@ def test_a_failed_round_makes_the_next_round_full_and_claims_are_released(
     monkeypatch.setattr(PeerClient, "run_round", full)
 
     async def go() -> None:
-        task = _PeerTask(peer=PEER, scope=anyio.CancelScope())
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope(), loop=daemon._new_loop())
         now = anyio.current_time()
-        task.extensions, task.wants_full, task.last_full = Extensions(), False, now
-        schedule = PullSchedule(rng=random.Random(1), interval=60.0)
+        loop = task.loop
+        loop.extensions, loop.wants_full, loop.last_full = Extensions(), False, now
+        loop.schedule.interval = 60.0
         async with PeerClient(PEER.url, name=task.label) as client:
             task.note(origin, 3)
-            schedule.start(now)
-            await daemon._one_round(client, task, schedule)  # targeted, fails
-            assert daemon._inflight == {}  # released on failure
+            loop.start(now)
+            await daemon._one_round(client, task)  # targeted, fails
+            assert daemon.claims.entries == {}  # released on failure
             task.note(origin, 4)
-            schedule.start(anyio.current_time())
-            await daemon._one_round(client, task, schedule)  # owed a full round
+            loop.start(anyio.current_time())
+            await daemon._one_round(client, task)  # owed a full round
 
     anyio.run(go)
     assert calls == ["targeted", "full"]
