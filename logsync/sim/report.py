@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from logsync.sim.scenario import Expect
+from logsync.sim.spec import Expect
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from logsync.sim.driver import Driver
 from logsync.sim.network import Cut, Message, Network
 from logsync.sim.node import SimNode
 from logsync.sim.report import SimReport, Violation, percentile
-from logsync.sim.scenario import Fault, LinkSpec, Scenario
 from logsync.sim.serve import Sizer, serve, tamper
+from logsync.sim.spec import Fault, LinkSpec, Scenario
 from logsync.sim.topology import build_edges, draw_faults
 from logsync.sim.trace import Trace
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from logsync.sim.scenario import Fault, LinkSpec, Scenario
+from logsync.sim.spec import Fault, LinkSpec, Scenario
 from logsync.sim.trace import Trace
 
 

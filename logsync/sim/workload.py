@@ -11,13 +11,11 @@ note. Replies and acks only answer asks that have reached the agent's node.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from logsync.model import TERMINAL_STATUSES
 from logsync.sim.node import Ask, SimNode
-
-if TYPE_CHECKING:
-    from logsync.sim.scenario import Workload
+from logsync.sim.spec import Workload
 
 STREAM = "sim"
 CLAIM_POOL = 6
