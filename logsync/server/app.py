@@ -14,8 +14,8 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from logsync.errors import NotFoundError, StoreError, ValidationError
+from logsync.responder import DEFAULT_INLINE_ARTIFACT_BYTES, DEFAULT_MAX_PAGE_BYTES
 from logsync.server.common import (
-    DEFAULT_MAX_PAGE_BYTES,
     UPSTREAM_PAGE,
     HealthProbe,
     PeerStateProvider,
@@ -57,7 +57,7 @@ def create_app(
     sse_poll_s: float = 0.1,
     max_page: int = LARGE_PAGE_CEILING,
     max_body_bytes: int = 64 * 1024,
-    inline_artifact_bytes: int = 32 * 1024 * 1024,
+    inline_artifact_bytes: int = DEFAULT_INLINE_ARTIFACT_BYTES,
     sync_interval_s: float = 15.0,
     node_name: str | None = None,
     scheme: str = "http",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import threading
 import time
@@ -19,18 +18,12 @@ from prometheus_client.core import GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
-from logsync.errors import ValidationError, shorten
+from logsync.responder import DEFAULT_MAX_PAGE_BYTES, Profile, json_bytes
 from logsync.server.stream import (
     ChangeNotifier,
     _LatestProbe,
 )
-from logsync.wire import (
-    EXT_INLINE_ARTIFACTS,
-    EXT_LARGE_PAGES,
-    EXT_MSGPACK,
-    EXTENSIONS_PARAM,
-    UPSTREAM_PAGE_LIMIT,
-)
+from logsync.wire import UPSTREAM_PAGE_LIMIT
 
 logger = logging.getLogger("logsync.server")
 
@@ -41,11 +34,7 @@ MSGPACK_TYPE = "application/msgpack"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 ORIGIN_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 STORE_RETRY_AFTER_S = 5
-DEFAULT_MAX_PAGE_BYTES = 8 * 1024 * 1024
-EVENT_OVERHEAD_BYTES = 2  # ", " between events in the JSON array
 GUARDED_PREFIXES = ("/sync/", "/logstream/")
-EXT_NOTIFY = "notify"
-EXTENSIONS = (EXT_MSGPACK, EXT_LARGE_PAGES, EXT_INLINE_ARTIFACTS, EXT_NOTIFY)
 PEER_KEYS = (
     "name",
     "url",
@@ -144,6 +133,11 @@ class _Server:
 
     def __init__(self, store: Any, settings: Settings, notifier: ChangeNotifier | None) -> None:
         self.cfg = settings
+        self.profile = Profile(
+            max_page=settings.max_page,
+            max_page_bytes=settings.max_page_bytes,
+            inline_artifact_bytes=settings.inline_artifact_bytes,
+        )
         self._store_lock = threading.Lock()
         if hasattr(store, "version_vector"):
             self._store, self._factory, self.owns_store = store, None, False
@@ -251,17 +245,6 @@ class _Server:
 # ---------------------------------------------------------------- encoding
 
 
-def json_bytes(payload: Any) -> bytes:
-    """Upstream's encoding: default separators, non-ASCII kept, UTF-8.
-
-    Raises ``ValueError`` (never ``RecursionError``) when the payload cannot be encoded.
-    """
-    try:
-        return json.dumps(payload, ensure_ascii=False).encode("utf-8")
-    except RecursionError:
-        raise ValueError("the payload nests too deeply to encode as JSON") from None
-
-
 def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> Response:
     return Response(json_bytes(payload), status_code=status, media_type=JSON_TYPE, headers=headers)
 
@@ -300,22 +283,3 @@ def _answer(request: Request, payload: Any) -> Response:
         else:
             return Response(body, media_type=MSGPACK_TYPE)
     return _json(200, payload)
-
-
-def _extensions(request: Request) -> set[str]:
-    """Extensions this request asks for by name."""
-    raw = [
-        *request.query_params.getlist(EXTENSIONS_PARAM),
-        request.headers.get("x-logsync-extensions", ""),
-    ]
-    return {name.strip().lower() for chunk in raw for name in chunk.split(",") if name.strip()}
-
-
-def _int_param(request: Request, name: str, default: int) -> int:
-    raw = request.query_params.get(name)
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValidationError(f"{name}={shorten(raw)} is not an integer") from None

@@ -1,4 +1,5 @@
-"""The route handlers: health, status, metrics, the /sync/* routes and the page budget."""
+"""The route handlers: health, status, metrics, peers; the /sync/* answers come from
+`logsync.responder`, and these handlers add only HTTP: threads, encoding, status codes."""
 
 from __future__ import annotations
 
@@ -13,33 +14,21 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 
-from logsync import __version__
-from logsync.errors import StoreError, ValidationError
+from logsync import __version__, responder
+from logsync.errors import StoreError
 from logsync.peers import redact_url
+from logsync.responder import VectorExtra
 from logsync.server.common import (
-    EVENT_OVERHEAD_BYTES,
-    EXTENSIONS,
     PEER_KEYS,
-    UPSTREAM_PAGE,
-    Settings,
     _answer,
     _error,
-    _extensions,
-    _int_param,
     _json,
     _Server,
-    json_bytes,
 )
 from logsync.server.stream import (
     logstream_stream,
 )
-from logsync.wire import (
-    ADVERTISED_MAX_PAGE,
-    ADVERTISED_MAX_PAGE_BYTES,
-    ADVERTISEMENT_KEY,
-    EXT_INLINE_ARTIFACTS,
-    EXT_LARGE_PAGES,
-)
+from logsync.wire import EXTENSIONS_PARAM
 
 logger = logging.getLogger("logsync.server")
 
@@ -89,7 +78,7 @@ async def statusz(request: Request) -> Response:
                 "max_clients": srv.cfg.sse_max_clients,
                 "max_per_client": srv.cfg.sse_max_per_client,
             },
-            "extensions": _advertisement(srv.cfg)["extensions"],
+            "extensions": list(srv.profile.extensions),
         },
     )
 
@@ -118,15 +107,6 @@ async def _peer_states(srv: _Server) -> list[dict[str, Any]]:
     return [_public_peer(entry) for entry in raw or [] if isinstance(entry, Mapping)]
 
 
-def _advertisement(cfg: Settings) -> dict[str, Any]:
-    return {
-        "version": __version__,
-        "extensions": list(EXTENSIONS),
-        ADVERTISED_MAX_PAGE: cfg.max_page,
-        ADVERTISED_MAX_PAGE_BYTES: cfg.max_page_bytes,
-    }
-
-
 def _public_peer(entry: Mapping[str, Any]) -> dict[str, Any]:
     """Upstream key order first, additive keys after, anything token-like dropped."""
     safe = {k: v for k, v in entry.items() if "token" not in str(k).lower()}
@@ -150,115 +130,56 @@ def _profiles(peers: list[dict[str, Any]], replica_id: str, own: dict) -> dict[s
 
 
 async def version_vector(request: Request) -> Response:
+    peers = await _peer_states(_server(request))
+
+    def profiles(replica_id: str, vector: Mapping[str, int]) -> dict[str, Any]:
+        own = _self_profile(replica_id, vector)
+        return {"profile": own, "profiles": _profiles(peers, replica_id, own)}
+
+    return await sync_answer(request, extra=profiles)
+
+
+async def sync_answer(request: Request, extra: VectorExtra | None = None) -> Response:
+    """A `/sync/*` answer from the responder, in the encoding the client negotiated."""
     srv = _server(request)
-    replica_id, vector = await srv.run(lambda s: (s.replica_id, s.version_vector()))
-    own = _self_profile(replica_id, vector)
-    peers = await _peer_states(srv)
-    return _answer(
-        request,
-        {
-            "replica_id": replica_id,
-            "version_vector": vector,
-            "profile": own,
-            "profiles": _profiles(peers, replica_id, own),
-            ADVERTISEMENT_KEY: _advertisement(srv.cfg),
-        },
+    path, params = request.url.path, _params(request)
+    status, body = await srv.run(
+        lambda s: responder.answer(s, path, params, profile=srv.profile, extra=extra)
     )
-
-
-async def sync_ops(request: Request) -> Response:
-    srv = _server(request)
-    ext = _extensions(request)
-    after = _int_param(request, "after", 0)
-    limit = _int_param(request, "limit", UPSTREAM_PAGE)
-    origin = request.query_params.get("origin") or ""
-    if not origin:
-        raise ValidationError("origin must be a non-empty replica id")
-    if after < 0:
-        raise ValidationError(f"after={after} must be a non-negative integer")
-    if limit < 1:
-        raise ValidationError(f"limit={limit} must be a positive integer")
-    large = EXT_LARGE_PAGES in ext
-    cap = srv.cfg.max_page if large else UPSTREAM_PAGE
-    limit = min(limit, cap)
-    if large:  # negotiated: pages stop at the byte budget (always at least one event)
-        budget = srv.cfg.max_page_bytes
-        events = await srv.run(lambda s: _budget_page(s, origin, after, limit, cap, budget))
-    else:  # a MemPalace hub client gets exactly upstream's page
-        events = await srv.run(lambda s: s.list_ops(origin, after, limit, max_limit=cap))
-    payload: dict[str, Any] = {"origin": origin, "events": events, "count": len(events)}
-    if EXT_INLINE_ARTIFACTS in ext:
-        budget = srv.cfg.inline_artifact_bytes
-        payload["artifacts"] = await srv.run(lambda s: _page_artifacts(s, events, budget))
+    if status != 200:
+        return _json(status, body)  # errors are always JSON
     try:
-        return _answer(request, payload)
+        return _answer(request, body)
     except ValueError as exc:
-        if srv.first_time(srv._unencodable, origin):
-            logger.error("a page of origin %s after %d cannot be encoded: %s", origin, after, exc)
-        return _error(
-            500,
-            f"the page of origin {origin} after {after} cannot be encoded "
-            f"({exc}); this replica stored an op it cannot serve",
-        )
+        return _unencodable(srv, path, params, body, exc)
 
 
-PAGE_READ_BATCH = 100
+def _params(request: Request) -> dict[str, str]:
+    """The query as the responder reads it: `ext=` may repeat, and an
+    `X-Logsync-Extensions` header names extensions too."""
+    params = dict(request.query_params)
+    asked = [
+        *request.query_params.getlist(EXTENSIONS_PARAM),
+        request.headers.get("x-logsync-extensions", ""),
+    ]
+    params[EXTENSIONS_PARAM] = ",".join(chunk for chunk in asked if chunk)
+    return params
 
 
-def _budget_page(
-    store: Any, origin: str, after: int, limit: int, cap: int, budget: int
-) -> list[dict]:
-    """Up to ``limit`` ops, read in batches, stopping before the one that would push the
-    encoded events past ``budget`` bytes (the first op is always included)."""
-    events: list[dict] = []
-    spent = 0
-    cursor = after
-    while len(events) < limit:
-        batch = store.list_ops(
-            origin, cursor, min(PAGE_READ_BATCH, limit - len(events)), max_limit=cap
-        )
-        for event in batch:
-            size = _event_size(event) + EVENT_OVERHEAD_BYTES
-            if events and spent + size > budget:
-                return events
-            events.append(event)
-            spent += size
-        if len(batch) < PAGE_READ_BATCH:
-            return events
-        cursor = batch[-1]["origin_seq"]
-    return events
-
-
-def _event_size(event: dict) -> int:
-    """The event's JSON size (an undecodable one counts as its body and metadata)."""
-    try:
-        return len(json_bytes(event))
-    except ValueError:
-        return len(str(event.get("body", "")).encode("utf-8", "replace"))
-
-
-def _page_artifacts(store: Any, events: list[dict], budget: int) -> list[dict]:
-    """The artifacts the page names (ordered by id), within a content byte budget."""
-    wanted = {artifact_id for event in events for artifact_id in event.get("artifact_ids") or []}
-    found, spent = [], 0
-    for artifact in store.get_artifacts(wanted) if wanted else []:
-        size = len(str(artifact.get("content", "")).encode("utf-8"))
-        if found and spent + size > budget:
-            break
-        found.append(artifact)
-        spent += size
-    return found
-
-
-async def sync_artifact(request: Request) -> Response:
-    srv = _server(request)
-    artifact_id = request.query_params.get("id") or ""
-    if not artifact_id:
-        raise ValidationError("id must be a non-empty artifact id")
-    artifact = await srv.run(lambda s: s.get_artifact(artifact_id))
-    if artifact is None:
-        return _error(404, f"artifact {artifact_id!r} not found")
-    return _answer(request, {"artifact": artifact})
+def _unencodable(
+    srv: _Server, path: str, params: Mapping[str, str], body: dict, exc: ValueError
+) -> Response:
+    """A 500 naming what this replica holds but cannot serve (logged once per origin)."""
+    if path != "/sync/ops":
+        return _error(500, f"the answer to {path} cannot be encoded ({exc})")
+    origin, after = body["origin"], responder.int_param(params, "after", 0)
+    if srv.first_time(srv._unencodable, origin):
+        logger.error("a page of origin %s after %d cannot be encoded: %s", origin, after, exc)
+    return _error(
+        500,
+        f"the page of origin {origin} after {after} cannot be encoded "
+        f"({exc}); this replica stored an op it cannot serve",
+    )
 
 
 async def sync_peers(request: Request) -> Response:
@@ -295,8 +216,8 @@ _ENDPOINTS = {
     "/statusz": statusz,
     "/metrics": metrics,
     "/sync/version_vector": version_vector,
-    "/sync/ops": sync_ops,
-    "/sync/artifact": sync_artifact,
+    "/sync/ops": sync_answer,
+    "/sync/artifact": sync_answer,
     "/sync/peers": sync_peers,
     "/logstream/stream": logstream_stream,
 }

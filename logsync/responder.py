@@ -1,0 +1,234 @@
+"""What a replica answers on `/sync/version_vector`, `/sync/ops` and `/sync/artifact`.
+
+One copy of every rule of those routes (parameters, their error sentences, page caps,
+the page byte budget, inline artifacts, the advertisement), so the server, the
+simulator and the tests' fake peers cannot drift apart: each keeps only its transport
+(auth, threads, msgpack or JSON bytes, a simulated network) and asks `answer` for the
+`(status, body)`. Pure: it reads the store it is handed and does no other I/O, no clock.
+
+A `Profile` says what is answering: a logsync server (advertises its extensions under
+`wire.ADVERTISEMENT_KEY` and honours those asked for with `ext=`) or, with no
+extensions, an upstream MemPalace 3.11 hub (no advertisement, pages of at most
+`wire.UPSTREAM_PAGE_LIMIT`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from logsync import __version__
+from logsync.errors import ValidationError, shorten
+from logsync.wire import (
+    ADVERTISED_MAX_PAGE,
+    ADVERTISED_MAX_PAGE_BYTES,
+    ADVERTISEMENT_KEY,
+    EXT_INLINE_ARTIFACTS,
+    EXT_LARGE_PAGES,
+    EXT_MSGPACK,
+    EXTENSIONS_PARAM,
+    LARGE_PAGE_CEILING,
+    UPSTREAM_PAGE_LIMIT,
+)
+
+EXT_NOTIFY = "notify"
+EXTENSIONS = (EXT_MSGPACK, EXT_LARGE_PAGES, EXT_INLINE_ARTIFACTS, EXT_NOTIFY)
+DEFAULT_MAX_PAGE_BYTES = 8 * 1024 * 1024
+DEFAULT_INLINE_ARTIFACT_BYTES = 32 * 1024 * 1024
+EVENT_OVERHEAD_BYTES = 2  # ", " between events in the JSON array
+PAGE_READ_BATCH = 100  # a budgeted page is read in batches this size, so it stops early
+SYNC_ROUTES = ("/sync/version_vector", "/sync/ops", "/sync/artifact")
+
+Answer = tuple[int, dict[str, Any]]
+VectorRead = Callable[[], Mapping[str, int]]
+VectorExtra = Callable[[str, Mapping[str, int]], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What answers: the extensions it advertises and honours (none: an upstream hub,
+    which advertises nothing) and its limits. Its creator validates the numbers
+    (`create_app`, the scenario parser)."""
+
+    extensions: tuple[str, ...] = EXTENSIONS
+    max_page: int = LARGE_PAGE_CEILING
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
+    inline_artifact_bytes: int = DEFAULT_INLINE_ARTIFACT_BYTES
+
+    def advertisement(self) -> dict[str, Any] | None:
+        """The `"logsync"` object of the vector answer (None for an upstream hub)."""
+        if not self.extensions:
+            return None
+        return {
+            "version": __version__,
+            "extensions": list(self.extensions),
+            ADVERTISED_MAX_PAGE: self.max_page,
+            ADVERTISED_MAX_PAGE_BYTES: self.max_page_bytes,
+        }
+
+
+LOGSYNC_SERVER = Profile()
+UPSTREAM_HUB = Profile(extensions=())
+
+
+def answer(
+    store: Any,
+    path: str,
+    params: Mapping[str, Any],
+    *,
+    profile: Profile,
+    vector: VectorRead | None = None,
+    extra: VectorExtra | None = None,
+) -> Answer:
+    """`(status, body)` for one GET of a `/sync/*` route; an error body is upstream's
+    `{"error": "<one sentence>"}`. Query values are text, as on the wire (an int is taken
+    as given, as the engine's `Request.params` carry them).
+
+    `vector` reads the version vector (default `store.version_vector`); `extra(replica_id,
+    vector)` returns keys the vector answer carries between the vector and the
+    advertisement (the server's node profiles). Store faults (`StoreError`) propagate:
+    they are the caller's to answer (503, a failed node)."""
+    try:
+        if path == "/sync/version_vector":
+            return 200, _vector(store, profile, vector, extra)
+        if path == "/sync/ops":
+            return 200, _ops(store, params, profile)
+        if path == "/sync/artifact":
+            return _artifact(store, params)
+    except ValidationError as exc:
+        return 400, {"error": str(exc)}
+    return 404, {"error": f"no route {shorten(path)}; routes are {', '.join(SYNC_ROUTES)}"}
+
+
+def _vector(
+    store: Any, profile: Profile, vector: VectorRead | None, extra: VectorExtra | None
+) -> dict[str, Any]:
+    replica_id = store.replica_id
+    held = (vector or store.version_vector)()
+    body: dict[str, Any] = {"replica_id": replica_id, "version_vector": held}
+    if extra is not None:
+        body.update(extra(replica_id, held))
+    advert = profile.advertisement()
+    if advert is not None:
+        body[ADVERTISEMENT_KEY] = advert
+    return body
+
+
+def _ops(store: Any, params: Mapping[str, Any], profile: Profile) -> dict[str, Any]:
+    asked = extensions_asked(params, profile)
+    after = int_param(params, "after", 0)
+    limit = int_param(params, "limit", UPSTREAM_PAGE_LIMIT)
+    origin = str(params.get("origin") or "")
+    if not origin:
+        raise ValidationError("origin must be a non-empty replica id")
+    if after < 0:
+        raise ValidationError(f"after={after} must be a non-negative integer")
+    if limit < 1:
+        raise ValidationError(f"limit={limit} must be a positive integer")
+    large = EXT_LARGE_PAGES in asked
+    cap = profile.max_page if large else UPSTREAM_PAGE_LIMIT
+    limit = min(limit, cap)
+    if large:  # negotiated: the page stops at the byte budget (always at least one event)
+        events = budget_page(store, origin, after, limit, cap, profile.max_page_bytes)
+    else:  # an upstream client gets exactly upstream's page
+        events = store.list_ops(origin, after, limit, max_limit=cap)
+    body: dict[str, Any] = {"origin": origin, "events": events, "count": len(events)}
+    if EXT_INLINE_ARTIFACTS in asked:
+        body["artifacts"] = page_artifacts(store, events, profile.inline_artifact_bytes)
+    return body
+
+
+def _artifact(store: Any, params: Mapping[str, Any]) -> Answer:
+    artifact_id = str(params.get("id") or "")
+    if not artifact_id:
+        raise ValidationError("id must be a non-empty artifact id")
+    artifact = store.get_artifact(artifact_id)
+    if artifact is None:
+        return 404, {"error": f"artifact {artifact_id!r} not found"}  # upstream's sentence
+    return 200, {"artifact": artifact}
+
+
+# ── parameters ────────────────────────────────────────────────────────
+
+
+def int_param(params: Mapping[str, Any], name: str, default: int) -> int:
+    """An integer query value; absent or empty means `default` (as upstream)."""
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return default
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    try:
+        return int(str(raw))
+    except ValueError:  # also a value beyond Python's int-from-text digit limit
+        raise ValidationError(f"{name}={shorten(raw)} is not an integer") from None
+
+
+def extensions_asked(params: Mapping[str, Any], profile: Profile) -> set[str]:
+    """The extensions `ext=a,b` asks for that this profile honours (case-insensitive;
+    unknown names are ignored so a newer peer never breaks us)."""
+    raw = str(params.get(EXTENSIONS_PARAM) or "")
+    names = {name.strip().lower() for name in raw.split(",")}
+    return names & set(profile.extensions)
+
+
+# ── the page and its artifacts ────────────────────────────────────────
+
+
+def json_bytes(payload: Any) -> bytes:
+    """Upstream's encoding (default separators, non-ASCII kept, UTF-8): what the server
+    sends and the page budget measures. Raises `ValueError` (never `RecursionError`)
+    when the payload cannot be encoded."""
+    try:
+        return json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except RecursionError:
+        raise ValueError("the payload nests too deeply to encode as JSON") from None
+
+
+def event_size(event: Mapping[str, Any]) -> int:
+    """The event's JSON size in the page (an unencodable one counts as its body)."""
+    try:
+        return len(json_bytes(event)) + EVENT_OVERHEAD_BYTES
+    except ValueError:
+        return len(str(event.get("body", "")).encode("utf-8", "replace")) + EVENT_OVERHEAD_BYTES
+
+
+def budget_page(
+    store: Any, origin: str, after: int, limit: int, cap: int, budget: int
+) -> list[dict[str, Any]]:
+    """Up to `limit` ops of `origin` above `after`, read in batches, stopping before the
+    one that would push the page's encoded events past `budget` bytes (the first op is
+    always included, so a page always advances)."""
+    events: list[dict[str, Any]] = []
+    spent = 0
+    cursor = after
+    while len(events) < limit:
+        want = min(PAGE_READ_BATCH, limit - len(events))
+        batch = store.list_ops(origin, cursor, want, max_limit=cap)
+        for event in batch:
+            size = event_size(event)
+            if events and spent + size > budget:
+                return events
+            events.append(event)
+            spent += size
+        if len(batch) < want:
+            return events
+        cursor = batch[-1]["origin_seq"]
+    return events
+
+
+def page_artifacts(store: Any, events: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """The artifacts the page's events name, ordered by id, within `budget` bytes of
+    content (the first always; the puller fetches any left out one by one)."""
+    wanted = {a for event in events for a in event.get("artifact_ids") or []}
+    found: list[dict[str, Any]] = []
+    spent = 0
+    for artifact in store.get_artifacts(wanted) if wanted else []:
+        size = len(str(artifact.get("content", "")).encode("utf-8"))
+        if found and spent + size > budget:
+            break
+        found.append(artifact)
+        spent += size
+    return found
