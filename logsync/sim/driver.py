@@ -1,28 +1,24 @@
-"""The simulator's driver of the engine: pull rounds as messages on the virtual network.
+"""The simulator's driver: it carries out the peer loop's plans on the virtual network.
 
-This is the simulated twin of `client.py` plus the pull loops of the daemon:
+This is the simulated twin of `client.py` and of the daemon's pull loops, and it
+decides nothing itself:
 
-- Each node keeps one `engine.PullSchedule` per peer it pulls from. A due
-  schedule starts a round; its outcome goes back through `succeeded()` /
-  `failed()`; a change notification goes through `notified()`.
-- A *full* round is `engine.pull_round(...)` with `batch_artifacts=True`, as
-  the client runs it. Each `Request` it yields becomes a request message; the
-  answer message is `send()`-ed back in. A request that times out is retried
-  as the client retries (`attempts`, exponential wait with jitter); when the
-  attempts are spent, or on an error status, the `PeerError` the client would
-  raise is `throw()`-n in.
-- `targeted` mode is the daemon's loop (`daemon.py`): every stream frame names
-  an (origin, origin_seq) and wakes the schedule; a round begins by asking
-  `engine.choose_targets` (the frames since the last round, the local vector,
-  the origins in flight from other peers, whether a full round is owed, the
-  time since the last one). None means the full `pull_round`; otherwise one
-  `engine.targeted_origin` per chosen origin, side by side (at most
-  `origins_in_flight`, as `client.run_targeted`), claimed in the node's
-  in-flight map for the round so no origin is pulled from two peers at once.
-  A failed round, or a stream that reconnects after a cut or a restart of the
-  peer, makes the next round full.
-- `round` mode is the daemon before targeted rounds: every trigger runs the
-  full `pull_round`.
+- Each node keeps one `peerloop.PeerLoop` per peer it pulls from (sharing the node's
+  `peerloop.Claims`), made, fed and asked exactly as the daemon does: a stream frame
+  goes in through `frame()`, a due loop is asked to `begin()` with the node's vector,
+  and a round's end goes back through `succeeded()` / `failed()`.
+- A `FullRound` plan is `engine.pull_round(...)` with `batch_artifacts=True`, as the
+  client runs it; a `TargetedRound` is one `engine.targeted_origin` per origin, side
+  by side (as many as `FetchPolicy.origins_in_flight` allows). Each `Request` a round
+  yields becomes a request message; the answer message is `send()`-ed back in.
+- Requests follow `fetchpolicy.FetchPolicy`, as the client's do: a timeout or a 5xx
+  is retried after `retry_wait` (jittered, never before a Retry-After), a status is
+  turned into the client's error by `error_for_status`, a batch keeps at most
+  `batch_concurrency` requests in flight (fewer against an upstream hub), and the page
+  after a full page is prefetched (`prefetch_guess`). When the policy gives up, the
+  `PeerError` the client would raise is `throw()`-n in.
+- `round` mode (`targeted=False`) is the daemon before targeted rounds: every round
+  the loop plans is full.
 """
 
 from __future__ import annotations
@@ -33,7 +29,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from logsync import engine
-from logsync.errors import PeerError, PeerProtocolError, PeerRequestError, PeerTransientError
+from logsync.errors import PeerError, PeerProtocolError, PeerTransientError
+from logsync.fetchpolicy import FetchPolicy, prefetch_guess, request_key
+from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop, TargetedRound
 from logsync.sim.clock import US, to_s, to_us
 from logsync.sim.network import Message
 from logsync.sim.node import PeerLink, SimNode, SimulatedCrash
@@ -52,10 +50,23 @@ class Flow:
     requests: list[engine.Request] = field(default_factory=list)
     waiting: dict[int, int] = field(default_factory=dict)
     open_slots: set[int] = field(default_factory=set)
+    unsent: list[int] = field(default_factory=list)  # slots of a batch beyond its cap
     tries: list[int] = field(default_factory=list)
     answers: list[Any] = field(default_factory=list)
     batch: bool = False
     step: int = 0
+    prefetched: dict[tuple[Any, ...], Prefetch] = field(default_factory=dict)
+
+
+@dataclass
+class Prefetch:
+    """A page asked for before the round asked (`prefetch_guess`): its message id, and
+    its answer once it came."""
+
+    mid: int
+    status: int | None = None
+    answer: Any = None
+    size: int = 0
 
 
 @dataclass
@@ -65,7 +76,6 @@ class Run:
     kind: str
     report: engine.RoundReport
     started_us: int
-    claimed: dict[str, int] = field(default_factory=dict)
     flows: list[Flow] = field(default_factory=list)
     queued: list[Flow] = field(default_factory=list)
     over: bool = False
@@ -76,22 +86,26 @@ class Driver:
         self.sim = sim
         self.spec = sim.scenario.sync
         self.by_mid: dict[int, tuple[Run, Flow]] = {}
+        self.policy = FetchPolicy(attempts=self.spec.attempts, backoff=self.spec.retry_backoff,
+                                  max_backoff=self.spec.retry_max)
 
     # ── node lifecycle ────────────────────────────────────────────────
 
     def start_node(self, node: SimNode) -> None:
-        """A (re)started daemon: fresh schedules, the first round due at once."""
+        """A (re)started daemon: fresh peer loops, the first round due at once."""
         now = self.sim.clock.now
         node.peers = {}
+        node.claims = Claims()
         for peer in node.pulls_from:
-            schedule = engine.PullSchedule(
-                rng=self.sim.rng, interval=self.spec.interval, jitter=self.spec.jitter,
-                debounce=self.spec.debounce, backoff_base=self.spec.backoff_base,
-                backoff_cap=self.spec.backoff_cap,
+            loop = PeerLoop.make(
+                node.replica_id, node.claims, self.sim.rng, interval=self.spec.interval,
+                jitter=self.spec.jitter, debounce=self.spec.debounce,
+                backoff_base=self.spec.backoff_base, backoff_cap=self.spec.backoff_cap,
+                targeted=self.spec.mode == "targeted",
             )
-            link = PeerLink(peer, schedule)
+            link = PeerLink(peer, loop)
             node.peers[peer] = link
-            schedule.start(now)
+            loop.start(now)
             self._arm(node, link)
 
     def stop_node(self, node: SimNode) -> None:
@@ -99,12 +113,12 @@ class Driver:
             if link.run is not None:
                 self._abandon(link.run)
         node.peers = {}
-        node.inflight.clear()
+        node.claims = Claims()
 
     # ── timers ────────────────────────────────────────────────────────
 
     def _arm(self, node: SimNode, link: PeerLink, at_least_us: int = 0) -> None:
-        due = link.schedule.next_due
+        due = link.loop.next_due
         if due is None:
             return
         link.timer += 1
@@ -116,7 +130,7 @@ class Driver:
             return
         if node.peers.get(link.name) is not link or link.run is not None:
             return
-        if not link.schedule.is_due(self.sim.clock.now):
+        if not link.loop.is_due(self.sim.clock.now):
             self._arm(node, link, self.sim.clock.now_us + 1)  # float rounding: one tick on
             return
         self._start_run(node, link)
@@ -124,67 +138,49 @@ class Driver:
     # ── notifications ─────────────────────────────────────────────────
 
     def on_notify(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...]) -> None:
-        """A frame from `peer`'s stream: note what it names and wake the schedule."""
+        """A frame from `peer`'s stream: the peer loop notes what it names."""
         link = node.peers.get(peer)
         if link is None:
             return
+        before = link.loop.next_due
         for origin, top in tops:
-            if top > link.notified.get(origin, 0):
-                link.notified[origin] = top
-        self._wake(node, link)
+            link.loop.frame(origin, top, self.sim.clock.now)
+        self._rearm(node, link, before)
 
     def reconnected(self, node: SimNode, peer: str) -> None:
-        """The stream from `peer` came back (a cut healed, the peer restarted): frames may
-        have been missed, so the next round is full."""
+        """The stream from `peer` came back (a cut healed, the peer restarted)."""
         link = node.peers.get(peer)
         if link is not None:
-            link.wants_full = True
-            self._wake(node, link)
+            before = link.loop.next_due
+            link.loop.frame(None, None, self.sim.clock.now)
+            self._rearm(node, link, before)
 
-    def _wake(self, node: SimNode, link: PeerLink) -> None:
-        before = link.schedule.next_due
-        due = link.schedule.notified(self.sim.clock.now)
-        if due is not None and due != before:
+    def _rearm(self, node: SimNode, link: PeerLink, before: float | None) -> None:
+        if link.loop.next_due is not None and link.loop.next_due != before:
             self._arm(node, link)
 
     # ── rounds ────────────────────────────────────────────────────────
 
     def _start_run(self, node: SimNode, link: PeerLink) -> None:
         now_us = self.sim.clock.now_us
+        plan = link.loop.begin(self.sim.clock.now, node.vv)
+        if isinstance(plan, NoRound):
+            self._arm(node, link)
+            return
         report = engine.RoundReport(peer=link.name)
-        link.schedule.begin(self.sim.clock.now)
-        targets = None
-        if self.spec.mode == "targeted":
-            since = float("inf") if link.last_full_us is None \
-                else to_s(now_us - link.last_full_us)
-            targets = engine.choose_targets(  # the daemon's own decision
-                link.notified, node.vv, node.replica_id, node.inflight,
-                extensions_known=link.extensions is not None and not link.wants_full,
-                since_full=since, interval=self.spec.interval,
-            )
-        link.notified = {}
-        if link.backoff is None:
-            link.backoff = engine.OriginBackoff(rng=self.sim.rng)
-        held_back = link.backoff.held(self.sim.clock.now)  # as the daemon holds them back
-        if targets:
-            targets = {o: t for o, t in targets.items() if o not in held_back}
-        if targets is None:
-            link.wants_full = False
-            link.last_full_us = now_us
+        if isinstance(plan, FullRound):
             run = Run(node, link, "full", report, now_us)
             run.flows = [Flow(engine.pull_round(
                 node.view.pulling_from(link.name), link.name, page_limit=self.spec.page_limit,
                 use_extensions=self.spec.extensions, batch_artifacts=True, report=report,
-                held_back=held_back))]
-        elif not targets:
-            link.schedule.succeeded(self.sim.clock.now)
-            self._arm(node, link)
-            return
+                held_back=plan.held_back))]
         else:
-            run = Run(node, link, "targeted", report, now_us, claimed=dict(targets))
-            node.inflight.update(targets)
-            flows = [self._origin_flow(node, link, run, o, t) for o, t in sorted(targets.items())]
-            limit = self.spec.origins_in_flight
+            run = Run(node, link, "targeted", report, now_us)
+            report.extensions = plan.extensions.names()
+            flows = [self._origin_flow(node, link, run, plan, o, t)
+                     for o, t in sorted(plan.targets.items())]
+            limit = self.policy.origins_in_flight(self.spec.origins_in_flight,
+                                                  upstream=not plan.extensions.names())
             run.flows, run.queued = flows[:limit], flows[limit:]
         link.run = run
         self.sim.metrics.rounds += 1
@@ -195,11 +191,11 @@ class Driver:
             if not run.over:
                 self._advance(run, flow, first=True)
 
-    def _origin_flow(self, node: SimNode, link: PeerLink, run: Run, origin: str,
-                     top: int) -> Flow:
+    def _origin_flow(self, node: SimNode, link: PeerLink, run: Run, plan: TargetedRound,
+                     origin: str, top: int) -> Flow:
         gen = engine.targeted_origin(  # the daemon's targeted pull, as client.run_targeted runs it
-            node.view.pulling_from(link.name), link.name, origin, top,
-            link.extensions or engine.Extensions(), run.report,
+            node.view.pulling_from(link.name), link.name, origin, top, plan.extensions,
+            run.report,
             page_limit=self.spec.page_limit, batch_artifacts=True, held=node.vv.get(origin, 0),
         )
         return Flow(gen, origin=origin)
@@ -240,63 +236,125 @@ class Driver:
         flow.open_slots = set(range(len(requests)))
         flow.waiting = {}
         flow.step += 1
-        for slot in range(len(requests)):
+        cap = self.policy.batch_concurrency(upstream=not run.report.extensions) \
+            if flow.batch else 1
+        flow.unsent = list(range(cap, len(requests)))
+        prefetched = flow.prefetched.pop(request_key(requests[0]), None) \
+            if not flow.batch else None
+        self._drop_prefetches(flow)  # any other guess was wrong
+        if prefetched is not None:
+            self._adopt(run, flow, prefetched)
+            return
+        for slot in range(min(cap, len(requests))):
             self._send(run, flow, slot)
 
     def _send(self, run: Run, flow: Flow, slot: int) -> None:
         request = flow.requests[slot]
-        mid = self.sim.next_mid()
+        mid = self._message(run, flow, request)
         flow.waiting[mid] = slot
+        self.sim.schedule(self.sim.clock.now_us + to_us(self.spec.timeout), self._timeout,
+                          (run, flow, mid))
+
+    def _message(self, run: Run, flow: Flow, request: engine.Request) -> int:
+        mid = self.sim.next_mid()
         self.by_mid[mid] = (run, flow)
         self.sim.metrics.request(request.path)
         self.sim.net.send(Message("req", run.node.name, run.link.name, mid, request.path,
                                   dict(request.params), incarnation=run.node.incarnation))
-        self.sim.schedule(self.sim.clock.now_us + to_us(self.spec.timeout), self._timeout,
-                          (run, flow, mid))
+        return mid
+
+    # ── prefetch (the client's `_Prefetcher`, by the same guess) ───────
+
+    def _prefetch(self, run: Run, flow: Flow, request: engine.Request, answer: Any) -> None:
+        guess = prefetch_guess(request, answer)
+        if guess is not None:
+            flow.prefetched[request_key(guess)] = Prefetch(self._message(run, flow, guess))
+
+    def _adopt(self, run: Run, flow: Flow, prefetch: Prefetch) -> None:
+        """The round asked for the page already prefetched: its answer, now or when it
+        comes (it was sent without a timer: the request's own timer starts now)."""
+        if prefetch.status is None:
+            flow.waiting[prefetch.mid] = 0
+            self.sim.schedule(self.sim.clock.now_us + to_us(self.spec.timeout), self._timeout,
+                              (run, flow, prefetch.mid))
+            return
+        self._answered(run, flow, 0, prefetch.status, prefetch.answer, prefetch.size)
+
+    def _drop_prefetches(self, flow: Flow) -> None:
+        for prefetch in flow.prefetched.values():
+            self.by_mid.pop(prefetch.mid, None)
+        flow.prefetched.clear()
+
+    # ── answers ───────────────────────────────────────────────────────
 
     def on_response(self, node: SimNode, msg: Message) -> None:
         entry = self.by_mid.pop(msg.mid, None)
         if entry is None or entry[0].over or entry[0].node is not node:
             return
         run, flow = entry
-        slot = flow.waiting.pop(msg.mid)
-        request = flow.requests[slot]
         run.report.bytes_received += msg.size
         self.sim.metrics.bytes += msg.size
-        if msg.status == 200:
-            flow.answers[slot] = msg.answer
-        elif msg.status == 404 and request.missing_ok:
-            flow.answers[slot] = None
-        else:
-            said = msg.answer.get("error") if isinstance(msg.answer, dict) else msg.answer
-            self._throw(run, flow, PeerRequestError(
-                f"peer {run.link.name}: GET {request.path} answered {msg.status}: {said}",
-                peer=run.link.name))
+        if msg.mid not in flow.waiting:  # a prefetch the round has not asked for yet
+            for prefetch in flow.prefetched.values():
+                if prefetch.mid == msg.mid:
+                    prefetch.status, prefetch.answer = msg.status, msg.answer
+                    self.by_mid[msg.mid] = (run, flow)  # kept until taken or dropped
             return
+        slot = flow.waiting.pop(msg.mid)
+        self._answered(run, flow, slot, msg.status, msg.answer, msg.size)
+
+    def _answered(self, run: Run, flow: Flow, slot: int, status: int, answer: Any,
+                  size: int) -> None:
+        request = flow.requests[slot]
+        if status == 404 and request.missing_ok:
+            answer = None
+        else:
+            said = answer.get("error") if isinstance(answer, dict) else answer
+            error = self.policy.error_for_status(
+                status, str(said or ""), f"peer {run.link.name}: GET {request.path}",
+                run.link.name)
+            if error is not None:
+                self._retry_or_fail(run, flow, slot, error)
+                return
+        flow.answers[slot] = answer
         flow.open_slots.discard(slot)
+        if flow.unsent:
+            self._send(run, flow, flow.unsent.pop(0))
         if not flow.open_slots:
+            if not flow.batch:
+                self._prefetch(run, flow, request, answer)
             self._advance(run, flow, flow.answers if flow.batch else flow.answers[0])
 
     def _timeout(self, run: Run, flow: Flow, mid: int) -> None:
-        """As the client does: a timed-out request is retried (equal-jitter exponential
-        wait, tenacity's `wait_random_exponential`) up to `attempts`, then the round fails."""
         if run.over or mid not in flow.waiting:
             return
         slot = flow.waiting.pop(mid)
         self.by_mid.pop(mid, None)
         request = flow.requests[slot]
-        if flow.tries[slot] < self.spec.attempts:
-            high = min(self.spec.retry_max, self.spec.retry_backoff * 2 ** (flow.tries[slot] - 1))
-            wait = to_us(self.sim.rng.uniform(0.0, high))
-            flow.tries[slot] += 1
-            self.sim.trace.log("sync", f"{run.node.name} retries {request.path} on "
-                               f"{run.link.name} (attempt {flow.tries[slot]}) in {wait}us")
-            self.sim.schedule(self.sim.clock.now_us + wait, self._resend,
-                              (run, flow, slot, flow.step))
-            return
-        self._throw(run, flow, PeerTransientError(
+        self._retry_or_fail(run, flow, slot, PeerTransientError(
             f"peer {run.link.name}: GET {request.path} timed out after {self.spec.timeout:g} s "
             f"({flow.tries[slot]} attempts)", peer=run.link.name))
+
+    def _retry_or_fail(self, run: Run, flow: Flow, slot: int, error: PeerError) -> None:
+        """As the client does (`FetchPolicy.retry_wait`): retried after a jittered wait,
+        or the round is told the request failed."""
+        wait = self.policy.retry_wait(flow.tries[slot], error, self.sim.rng)
+        if wait is not None:
+            flow.tries[slot] += 1
+            self.sim.trace.log("sync", f"{run.node.name} retries {flow.requests[slot].path} on "
+                               f"{run.link.name} (attempt {flow.tries[slot]}) in {to_us(wait)}us")
+            self.sim.schedule(self.sim.clock.now_us + to_us(wait), self._resend,
+                              (run, flow, slot, flow.step))
+            return
+        if flow.batch:  # a batch answers a failed request with its error (engine rule 6)
+            flow.answers[slot] = error
+            flow.open_slots.discard(slot)
+            if flow.unsent:
+                self._send(run, flow, flow.unsent.pop(0))
+            if not flow.open_slots:
+                self._advance(run, flow, flow.answers)
+            return
+        self._throw(run, flow, error)
 
     def _resend(self, run: Run, flow: Flow, slot: int, step: int) -> None:
         if not run.over and flow.step == step and slot in flow.open_slots:
@@ -307,12 +365,14 @@ class Driver:
             self.by_mid.pop(mid, None)
         flow.waiting.clear()
         flow.open_slots.clear()
+        flow.unsent.clear()
         flow.step += 1
         self._advance(run, flow, exc=error)
 
     # ── endings ───────────────────────────────────────────────────────
 
     def _flow_done(self, run: Run, flow: Flow) -> None:
+        self._close(flow)
         run.flows.remove(flow)
         if run.queued:
             nxt = run.queued.pop(0)
@@ -328,6 +388,7 @@ class Driver:
         self._finish(run, error)
 
     def _finish(self, run: Run, error: PeerError | None) -> None:
+        """The round ended: the peer loop is told, and says when the next one is due."""
         run.over = True
         node, link = run.node, run.link
         self._close_flows(run)
@@ -335,38 +396,34 @@ class Driver:
             link.run = None
         now = self.sim.clock.now
         took = to_s(self.sim.clock.now_us - run.started_us)
-        if link.backoff is not None:  # failed origins, also of a failed round (the daemon's)
-            link.backoff.record(run.report, now)
         if error is None:
-            if run.kind == "full":
-                link.extensions = run.report.negotiated if self.spec.extensions \
-                    else engine.Extensions()
-            due = link.schedule.succeeded(now)
+            due = link.loop.succeeded(run.report, now)
             self.sim.trace.log("sync", f"{node.name} round {run.kind} <- {link.name} ok "
                                f"applied={run.report.applied} requests={run.report.requests} "
                                f"took={took:.6f} next={due:.6f}")
         else:
             self.sim.metrics.rounds_failed += 1
-            link.wants_full = True
-            due = link.schedule.failed(now)
+            hint = error.retry_after if isinstance(error, PeerTransientError) else None
+            due = link.loop.failed(run.report, now, hint)
             self.sim.trace.log("sync", f"{node.name} round {run.kind} <- {link.name} failed "
                                f"({type(error).__name__}: {error}) next={due:.6f}")
         self._arm(node, link)
         self.sim.metrics.conflicts_seen += run.report.conflicts
         self.sim.metrics.quarantined_seen += run.report.quarantined
 
+    def _close(self, flow: Flow) -> None:
+        for mid in flow.waiting:
+            self.by_mid.pop(mid, None)
+        self._drop_prefetches(flow)
+        flow.waiting.clear()
+        flow.open_slots.clear()
+        flow.unsent.clear()
+        flow.gen.close()
+
     def _close_flows(self, run: Run) -> None:
         for flow in run.flows + run.queued:
-            for mid in flow.waiting:
-                self.by_mid.pop(mid, None)
-            flow.waiting.clear()
-            flow.open_slots.clear()
-            flow.gen.close()
+            self._close(flow)
         run.flows, run.queued = [], []
-        for origin, top in run.claimed.items():  # as the daemon releases its claims
-            if run.node.inflight.get(origin) == top:
-                del run.node.inflight[origin]
-        run.claimed = {}
 
     def _abandon(self, run: Run) -> None:
         """The node died: its rounds stop where they are, nothing reported."""

@@ -18,13 +18,13 @@ import bisect
 import shutil
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from logsync import engine
 from logsync import hlc as hlc_mod
+from logsync.peerloop import Claims, PeerLoop
 from logsync.sim.clock import NodeClock
 from logsync.store import Store
 
@@ -96,19 +96,13 @@ class StoreView:
 
 @dataclass
 class PeerLink:
-    """What this node's daemon keeps for one peer it pulls from (the daemon's `_PeerTask`):
-    the (origin, top) pairs its stream named since the last round began, whether the next
-    round must be full (never done, a failure, a reconnected stream), its extensions."""
+    """One peer this node pulls from: the peer loop that decides (the daemon's
+    `_PeerTask.loop`), the driver's timer token and the running round."""
 
     name: str
-    schedule: engine.PullSchedule
+    loop: PeerLoop
     timer: int = 0
     run: Run | None = None
-    notified: dict[str, int] = field(default_factory=dict)
-    wants_full: bool = True
-    extensions: engine.Extensions | None = None
-    last_full_us: int | None = None
-    backoff: engine.OriginBackoff | None = None  # the daemon's per-origin backoff
 
 
 class SimNode:
@@ -132,7 +126,7 @@ class SimNode:
         self.vv: dict[str, int] = {}
         self.hlcs: list[str] = []
         self.inbox: dict[str, list[Ask]] = {}
-        self.inflight: dict[str, int] = {}  # origin -> top being pulled (any peer)
+        self.claims = Claims()  # origins being pulled (any peer), shared by the peer loops
         self.crash_on_apply = False
         self.serve_delay_us = 0
         self.byzantine: tuple[float, tuple[str, ...]] | None = None
@@ -159,7 +153,6 @@ class SimNode:
                 self.hlcs.append(event["hlc"])
             self.note_arrival(event)
         self.hlcs.sort()
-        self.inflight.clear()
         self.sim.driver.start_node(self)
 
     def stored_vector(self) -> dict[str, int]:
