@@ -1,11 +1,10 @@
-"""The serving half of a simulated node: `/sync/*` answers built from its Store.
+"""The serving half of a simulated node: what is simulation-specific about it.
 
-The same shapes `logsync/server.py` sends (and, for a node marked `upstream`,
-what a MemPalace 3.11 hub sends: no advertisement, pages capped at 500, no
-inline artifacts). A logsync node advertises its extensions under
-`engine.ADVERTISEMENT_KEY` with `engine.ADVERTISED_MAX_PAGE`; `/sync/ops`
-honours `ext=large_pages` (limit up to max_page) and `ext=inline_artifacts`
-(the page's artifacts in the answer), as the engine asks for them.
+The answers themselves come from `logsync.responder`, the same function the real
+server calls: a logsync node answers with the server's profile (its `max_page` from
+the scenario), a node marked `upstream` as a MemPalace 3.11 hub (no advertisement,
+pages capped at 500, no extensions). What stays here: that choice, `Sizer` (bytes on
+the simulated wire) and the byzantine `tamper`.
 
 A byzantine node passes its answers through `tamper()`, which alters one item
 in a way a receiver must catch (or, for `fork`, in the one way it cannot). Besides
@@ -22,84 +21,16 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from logsync import engine, hostile
-from logsync.errors import ValidationError
-
-UPSTREAM_PAGE = engine.UPSTREAM_PAGE_LIMIT
+from logsync import hostile
+from logsync.responder import UPSTREAM_HUB, Profile, answer, int_param
 
 
 def serve(store: Any, path: str, params: dict[str, Any], *, logsync: bool,
           max_page: int, vector: Callable[[], dict[str, int]] | None = None) -> tuple[int, Any]:
     """(status, body) for one GET, as a logsync server (or an upstream hub) answers it.
     `vector` reads the store's version vector (default `store.version_vector`)."""
-    if path == "/sync/version_vector":
-        body: dict[str, Any] = {"replica_id": store.replica_id,
-                                "version_vector": (vector or store.version_vector)()}
-        if logsync:
-            body[engine.ADVERTISEMENT_KEY] = {
-                "version": 1,
-                "extensions": [engine.EXT_MSGPACK, engine.EXT_LARGE_PAGES,
-                               engine.EXT_INLINE_ARTIFACTS],
-                engine.ADVERTISED_MAX_PAGE: max_page,
-            }
-        return 200, body
-    if path == "/sync/ops":
-        return _ops(store, params, logsync=logsync, max_page=max_page)
-    if path == "/sync/artifact":
-        artifact_id = params.get("id") or ""
-        if not artifact_id:
-            return 400, {"error": "id must be a non-empty artifact id"}
-        artifact = store.get_artifact(artifact_id)
-        if artifact is None:
-            return 404, {"error": f"artifact {artifact_id!r} not found"}
-        return 200, {"artifact": artifact}
-    return 404, {"error": f"no route {path}"}
-
-
-def _ops(store: Any, params: dict[str, Any], *, logsync: bool, max_page: int) -> tuple[int, Any]:
-    origin = params.get("origin") or ""
-    try:
-        after = _int(params, "after", 0)
-        limit = _int(params, "limit", UPSTREAM_PAGE)
-    except ValueError as exc:
-        return 400, {"error": str(exc)}
-    if not origin:
-        return 400, {"error": "origin must be a non-empty replica id"}
-    if after < 0:
-        return 400, {"error": f"after={after} must be a non-negative integer"}
-    if limit < 1:
-        return 400, {"error": f"limit={limit} must be a positive integer"}
-    asked = _extensions(params) if logsync else set()
-    cap = max_page if engine.EXT_LARGE_PAGES in asked else UPSTREAM_PAGE
-    try:
-        events = store.list_ops(origin, after, min(limit, cap), max_limit=cap)
-    except ValidationError as exc:
-        return 400, {"error": str(exc)}
-    body: dict[str, Any] = {"origin": origin, "events": events, "count": len(events)}
-    if engine.EXT_INLINE_ARTIFACTS in asked:
-        ids: dict[str, None] = {}
-        for event in events:
-            ids.update((a, None) for a in event.get("artifact_ids") or [])
-        body["artifacts"] = store.get_artifacts(ids) if ids else []
-    return 200, body
-
-
-def _int(params: dict[str, Any], name: str, default: int) -> int:
-    raw = params.get(name, default)
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    try:
-        return int(str(raw))
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
-
-
-def _extensions(params: dict[str, Any]) -> set[str]:
-    """`ext=a,b` (server.py also takes `inline_artifacts=1`)."""
-    names = {n.strip().lower() for n in str(params.get(engine.EXTENSIONS_PARAM, "")).split(",")}
-    if str(params.get("inline_artifacts", "")).lower() in ("1", "true"):
-        names.add(engine.EXT_INLINE_ARTIFACTS)
-    return names - {""}
+    profile = Profile(max_page=max_page) if logsync else UPSTREAM_HUB
+    return answer(store, path, params, profile=profile, vector=vector)
 
 
 def _json_len(value: Any) -> int:
@@ -226,7 +157,7 @@ def _bad_inline_artifact(body: dict[str, Any]) -> str | None:
 
 
 def _stale_fork(store: Any, params: dict[str, Any], events: list[dict]) -> str | None:
-    after = _int(params, "after", 0)
+    after = int_param(params, "after", 0)
     if after < 1:
         return None
     held = store.list_ops(params["origin"], after - 1, 1)
