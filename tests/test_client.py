@@ -27,43 +27,34 @@ from logsync.errors import (
     PeerRequestError,
     PeerTransientError,
 )
+from logsync.responder import UPSTREAM_HUB, Profile, answer
 from logsync.store import Store
+from logsync.wire import EXT_MSGPACK
 
 URL = "http://peer.test:8000"
 Handler = Callable[[httpx.Request], httpx.Response]
 
 
 class StorePeer:
-    """An httpx handler serving one Store the way a peer would, counting calls."""
+    """An httpx handler serving one Store through `logsync.responder` (an upstream hub
+    unless given a profile), with a peer's token check and msgpack; counts calls."""
 
-    def __init__(self, store: Store, *, advert: dict | None = None) -> None:
+    def __init__(self, store: Store, *, profile: Profile = UPSTREAM_HUB) -> None:
         self.store = store
-        self.advert = advert
+        self.profile = profile
         self.calls: list[httpx.Request] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.calls.append(request)
         if request.headers.get("authorization") != "Bearer secret":
             return httpx.Response(401, json={"error": "missing or wrong bearer token"})
-        params = request.url.params
-        if request.url.path == "/sync/version_vector":
-            payload: dict[str, Any] = {"replica_id": self.store.replica_id,
-                                       "version_vector": self.store.version_vector()}
-            if self.advert:
-                payload["logsync"] = self.advert
-        elif request.url.path == "/sync/ops":
-            events = self.store.list_ops(params["origin"], int(params["after"]),
-                                         int(params["limit"]))
-            payload = {"origin": params["origin"], "events": events, "count": len(events)}
-        else:
-            found = self.store.get_artifact(params["id"])
-            if found is None:
-                return httpx.Response(404, json={"error": f"artifact {params['id']!r} not found"})
-            payload = {"artifact": found}
-        if request.headers.get("accept") == "application/msgpack":
-            return httpx.Response(200, content=msgpack.packb(payload),
+        status, body = answer(self.store, request.url.path, dict(request.url.params),
+                              profile=self.profile)
+        packed = request.headers.get("accept") == "application/msgpack"
+        if status == 200 and packed and EXT_MSGPACK in self.profile.extensions:
+            return httpx.Response(200, content=msgpack.packb(body),
                                   headers={"content-type": "application/msgpack"})
-        return httpx.Response(200, json=payload)
+        return httpx.Response(status, json=body)
 
 
 class Sleeps:
@@ -168,16 +159,15 @@ def test_a_wrong_guess_is_dropped_and_an_error_in_it_is_never_raised(pair):
     after 500 is never asked for: its 503 must not fail the round."""
     source, target = pair
     fill(source, 1001)
-    ops = source.list_ops(source.replica_id, 0, 500)
-    ops[-1] = {**ops[-1], "artifact_ids": ["art_gone"]}
+    _, first = answer(source, "/sync/ops", {"origin": source.replica_id}, profile=UPSTREAM_HUB)
+    first["events"][-1] = {**first["events"][-1], "artifact_ids": ["art_gone"]}
     peer = StorePeer(source)
 
     def handler(request: httpx.Request) -> httpx.Response:
         params = request.url.params
         if request.url.path == "/sync/ops" and params["after"] == "0":
             peer.calls.append(request)
-            return httpx.Response(200, json={"origin": params["origin"], "events": ops,
-                                             "count": len(ops)})
+            return httpx.Response(200, json=first)
         if request.url.path == "/sync/ops":
             peer.calls.append(request)
             return httpx.Response(503, json={"error": "busy"})
@@ -195,7 +185,7 @@ def test_msgpack_is_used_only_when_advertised(pair):
     run_round(target, plain)
     assert all(c.headers["accept"] == "application/json" for c in plain.calls)
     source.append_event("task.reply", "s", "r", "bob")
-    fancy = StorePeer(source, advert={"extensions": ["msgpack"], "max_page": 500})
+    fancy = StorePeer(source, profile=Profile(extensions=("msgpack",), max_page=500))
     report = run_round(target, fancy)
     assert report.applied == 1 and report.extensions == ["msgpack"]
     assert fancy.calls[-1].headers["accept"] == "application/msgpack"
