@@ -10,7 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from logsync.cli import cli
+from logsync.sim import faults
 from logsync.sim.scenario import (
+    FAULT_KINDS,
     ScenarioError,
     load_scenario,
     parse_duration,
@@ -80,6 +82,10 @@ def test_the_library_parses_and_renders_back_to_the_same_scenario(path: Path) ->
     scenario = load_scenario(path)
     again = parse_scenario(render_scenario(scenario), source=str(path))
     assert replace(again, description=scenario.description) == scenario
+
+
+def test_every_fault_kind_a_file_may_name_has_a_handler() -> None:
+    assert sorted(faults.HANDLERS) == sorted(FAULT_KINDS)
 
 
 def test_simulate_cli_errors_are_one_line(tmp_path: Path) -> None:

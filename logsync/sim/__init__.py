@@ -1,11 +1,12 @@
 """The deterministic network simulator: the real engine and store over a virtual network.
 
 `load_scenario(path)` reads a TOML scenario, `run_scenario(scenario)` runs one seed of
-it and returns a `SimReport`. Modules: `scenario` (files), `clock` (virtual time and
+it and returns a `SimReport`. Modules: `spec` (the scenario types), `scenario` (reading
+a file, with `table`), `render` (writing one back), `clock` (virtual time and
 skewed node clocks), `network` (links and faults), `serve` (the `/sync/*` answers),
 `node` (a replica and its store), `driver` (engine rounds as messages), `workload`
-(agents appending), `topology` (edges, drawn faults), `checks` (invariants),
-`runner` (the event loop), `report`, `plot`, `trace`.
+(agents appending), `topology` (edges, drawn faults), `faults` (what each fault kind
+does), `checks` (invariants), `runner` (the event loop), `report`, `plot`, `trace`.
 """
 
 from logsync.sim.report import SimReport, summarise

@@ -12,21 +12,83 @@ Across the fleet (after convergence):
   for byte; where two replicas hold different content for one key, some replica must
   have recorded a conflict naming it (invariant 5: divergence is never silent);
   the same owed sets, claim winners and presence on every node.
-Invariants 2, 7 and 8 are checked as the run goes (`node.py`, `runner.py`).
+Invariants 2, 7 and 8 are checked as the run goes (`node.py`, `runner.py`); the replay of
+invariant 2 is `replay_page` here. `Violations` keeps what broke, for the report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from logsync import views
-
-if TYPE_CHECKING:
-    from logsync.sim.node import SimNode
+from logsync.sim.clock import VirtualClock, to_s
+from logsync.sim.node import SimNode
+from logsync.sim.report import Violation
+from logsync.sim.trace import Trace
 
 Report = Callable[[int, str], None]
+
+VIOLATIONS_KEPT = 10
+INVARIANT_NAMES = {
+    0: "liveness", 1: "per-origin prefix", 2: "idempotent apply", 3: "verbatim",
+    4: "no dangling references", 5: "divergence is never silent",
+    6: "a bad op never enters", 7: "clocks", 8: "crash safety",
+}
+
+
+class Violations:
+    """The broken invariants of one run, each traced; past ten of one kind, only counted."""
+
+    def __init__(self, clock: VirtualClock, trace: Trace) -> None:
+        self.kept: list[Violation] = []
+        self._clock = clock
+        self._trace = trace
+        self._counts: dict[int, int] = {}
+
+    def record(self, invariant: int, text: str) -> None:
+        self._trace.log("VIOLATION", f"[{invariant}] {text}")
+        seen = self._counts.get(invariant, 0) + 1
+        self._counts[invariant] = seen
+        if seen <= VIOLATIONS_KEPT:
+            self.kept.append(Violation(invariant, INVARIANT_NAMES[invariant], text,
+                                       to_s(self._clock.now_us)))
+
+    def count_suppressed(self) -> None:
+        """One closing line per kind that went past the ten kept."""
+        for invariant, seen in sorted(self._counts.items()):
+            if seen > VIOLATIONS_KEPT:
+                self.kept.append(Violation(
+                    invariant, INVARIANT_NAMES[invariant],
+                    f"... and {seen - VIOLATIONS_KEPT} more of this kind (see --trace)",
+                    to_s(self._clock.now_us)))
+
+
+def replay_page(node: SimNode, rng: random.Random, trace: Trace, report: Report) -> None:
+    """Invariant 2: re-apply a page the node applied before (drawn with `rng`); nothing
+    may change."""
+    events, artifacts = node.recent_pages[rng.randrange(len(node.recent_pages))]
+    store = node.store_or_fail()
+    before = store.counts()
+    result = store.apply_remote(events, artifacts)
+    node.store_changed()
+    after = store.counts()
+    trace.log("check", f"{node.name} replays a page of {len(events)} ops: "
+              f"applied={result.applied} duplicates={result.duplicates}")
+    if result.applied or result.artifacts_applied \
+            or (before["events"], before["artifacts"]) != (after["events"], after["artifacts"]):
+        report(2, f"{node.name}: re-applying a page of {len(events)} ops changed the "
+                  f"store (applied={result.applied}, counts {before} -> {after})")
+
+
+def same_vectors(nodes: list[SimNode]) -> bool:
+    """Liveness: every node is up and holds the same version vector."""
+    if not all(n.up for n in nodes):
+        return False
+    first = nodes[0].vv
+    return all(n.vv == first for n in nodes[1:])
 
 
 def canonical(item: dict[str, Any], drop: str = "seq") -> dict[str, Any]:
@@ -191,3 +253,43 @@ def check_views(snaps: list[Snapshot], agents: list[str], report: Report) -> dic
         "claims": len(base_claims),
         "agents_seen": len(base_presence),
     }
+
+
+def checkpoint(nodes: Iterable[SimNode], authored: dict[str, dict[str, Any]],
+               report: Report) -> None:
+    """The per-node invariants on every node's real store, in the middle of a run."""
+    for node in nodes:
+        check_node(snapshot(node), node, authored, report)
+
+
+@dataclass
+class Final:
+    """The last checks of a run: every up node's snapshot, the fleet verdict (None with
+    fewer than two), and the views summary (empty unless the fleet is identical)."""
+
+    snaps: list[Snapshot]
+    verdict: FleetVerdict | None
+    views: dict[str, Any]
+
+
+def final(nodes: dict[str, SimNode], authored: dict[str, dict[str, Any]], agents: list[str],
+          report: Report) -> Final:
+    """Every up node alone, then the fleet, then the views (when the fleet is identical)."""
+    snaps = [snapshot(n) for n in nodes.values() if n.up]
+    for snap in snaps:
+        check_node(snap, nodes[snap.node], authored, report)
+    verdict = check_fleet(snaps, report) if len(snaps) > 1 else None
+    view_summary = check_views(snaps, agents, report) \
+        if verdict is not None and verdict.identical else {}
+    return Final(snaps, verdict, view_summary)
+
+
+def ledger_kinds(snaps: list[Snapshot], ledger: str) -> dict[str, int]:
+    """How many conflict rows of each kind (or quarantine rows of each kind and reason)."""
+    out: dict[str, int] = {}
+    for snap in snaps:
+        for row in getattr(snap, ledger):
+            key = row.get("kind", "?") if ledger == "conflicts" else \
+                f"{row.get('kind', '?')}: {str(row.get('reason', ''))[:60]}"
+            out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))

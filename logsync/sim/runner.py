@@ -6,7 +6,7 @@ checked step by step. At `duration` everything heals (cuts, overrides, loss,
 crashed nodes restart, byzantine peers turn honest) and the workload stops; the
 *liveness* phase then runs until every node holds the same version vector, or
 until `expect.converge_within` passes (a violation). The stores are then
-compared in full (`checks.py`).
+compared in full (`checks.py`). What each fault kind does is `faults.py`.
 
 One `random.Random(seed)` makes every choice (ids, latencies, losses, workload,
 drawn faults, schedule jitter); time is an integer microsecond counter; nothing
@@ -26,23 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from logsync.sim import checks, workload
+from logsync.sim import checks, faults, workload
 from logsync.sim.clock import VirtualClock, to_s, to_us
 from logsync.sim.driver import Driver
 from logsync.sim.network import Cut, Message, Network
 from logsync.sim.node import SimNode
-from logsync.sim.report import SimReport, Violation, percentile
+from logsync.sim.report import SimReport, percentile
 from logsync.sim.serve import Sizer, serve, tamper
-from logsync.sim.spec import Fault, LinkSpec, Scenario
+from logsync.sim.spec import Scenario, Workload
 from logsync.sim.topology import build_edges, draw_faults
 from logsync.sim.trace import Trace
-
-VIOLATIONS_KEPT = 10
-INVARIANT_NAMES = {
-    0: "liveness", 1: "per-origin prefix", 2: "idempotent apply", 3: "verbatim",
-    4: "no dangling references", 5: "divergence is never silent",
-    6: "a bad op never enters", 7: "clocks", 8: "crash safety",
-}
 
 
 @dataclass
@@ -103,7 +96,8 @@ class Simulation:
         self.metrics = Metrics()
         self.registry = Registry(len(scenario.nodes))
         self.registry.now_us = lambda: self.clock.now_us
-        self.violations: list[Violation] = []
+        self._violations = checks.Violations(self.clock, self.trace)
+        self.violations = self._violations.kept
         self.windows: list[dict[str, Any]] = []
         self.samples: list[tuple[float, list[int]]] = []
         self.phase = "safety"
@@ -117,9 +111,11 @@ class Simulation:
         self.nodes = self._make_nodes(workdir)
         self.everyone = [a for n in self.nodes.values() for a in n.agents]
         self.faults = list(scenario.faults) + draw_faults(scenario, self.rng, self.trace)
-        self._expect_at_restart: dict[str, dict[str, int]] = {}
-        self._mid_apply_down: dict[str, int] = {}
-        self._violation_counts: dict[int, int] = {}
+        self.fault_ctx = faults.FaultContext(
+            clock=self.clock, trace=self.trace, schedule=self.schedule, net=self.net,
+            nodes=self.nodes, duration=scenario.duration, windows=self.windows,
+            in_safety=lambda: self.phase == "safety", restart=self._restart,
+            reconnect=self._reconnect)
 
     # ── set-up ────────────────────────────────────────────────────────
 
@@ -164,7 +160,7 @@ class Simulation:
         for w in s.workloads:
             self._next_write(w)
         for fault in self.faults:
-            self.schedule(to_us(fault.at), self._fault_start, (fault,))
+            self.schedule(to_us(fault.at), faults.start, (self.fault_ctx, fault))
         self.schedule(to_us(s.duration), self._heal)
         self._sample()
         deadline = to_us(s.duration + s.expect.converge_within)
@@ -244,7 +240,7 @@ class Simulation:
 
     # ── workload ──────────────────────────────────────────────────────
 
-    def _next_write(self, w: workload.Workload) -> None:
+    def _next_write(self, w: Workload) -> None:
         if w.rate <= 0:
             return
         start = max(self.clock.now, w.start)
@@ -252,7 +248,7 @@ class Simulation:
         if when < min(w.until, self.scenario.duration):
             self.schedule(to_us(when), self._write, (w,))
 
-    def _write(self, w: workload.Workload) -> None:
+    def _write(self, w: Workload) -> None:
         if self.phase != "safety":
             return
         node = self.nodes[self.rng.choice(w.nodes)]
@@ -272,50 +268,23 @@ class Simulation:
 
     def violation(self, invariant: int, text: str) -> None:
         """Record a broken invariant; past ten of one kind, only count them."""
-        self.trace.log("VIOLATION", f"[{invariant}] {text}")
-        seen = self._violation_counts.get(invariant, 0) + 1
-        self._violation_counts[invariant] = seen
-        if seen <= VIOLATIONS_KEPT:
-            self.violations.append(Violation(invariant, INVARIANT_NAMES[invariant], text,
-                                             to_s(self.clock.now_us)))
-
-    def _count_suppressed(self) -> None:
-        for invariant, seen in sorted(self._violation_counts.items()):
-            if seen > VIOLATIONS_KEPT:
-                self.violations.append(Violation(
-                    invariant, INVARIANT_NAMES[invariant],
-                    f"... and {seen - VIOLATIONS_KEPT} more of this kind (see --trace)",
-                    to_s(self.clock.now_us)))
+        self._violations.record(invariant, text)
 
     def maybe_replay(self, node: SimNode) -> None:
-        """Invariant 2: re-apply a page applied before; nothing may change."""
+        """Invariant 2, drawn with probability `replay`: re-apply a page applied before."""
         if not self.scenario.replay or not node.recent_pages \
                 or self.rng.random() >= self.scenario.replay:
             return
-        events, artifacts = node.recent_pages[self.rng.randrange(len(node.recent_pages))]
-        store = node.store_or_fail()
-        before = store.counts()
-        result = store.apply_remote(events, artifacts)
-        node.store_changed()
-        after = store.counts()
+        checks.replay_page(node, self.rng, self.trace, self.violation)
         self.metrics.replays += 1
-        self.trace.log("check", f"{node.name} replays a page of {len(events)} ops: "
-                       f"applied={result.applied} duplicates={result.duplicates}")
-        if result.applied or result.artifacts_applied \
-                or (before["events"], before["artifacts"]) != (after["events"], after["artifacts"]):
-            self.violation(2, f"{node.name}: re-applying a page of {len(events)} ops changed the "
-                              f"store (applied={result.applied}, counts {before} -> {after})")
 
     def crash_mid_apply(self, node: SimNode) -> None:
-        self._expect_at_restart[node.name] = dict(node.vv)
-        node.crash("power lost inside an apply transaction")
-        down_us = self._mid_apply_down.pop(node.name, to_us(1.0))
-        self.schedule(self.clock.now_us + down_us, self._restart, (node,))
+        faults.crash_mid_apply(self.fault_ctx, node)
 
     def _restart(self, node: SimNode) -> None:
         if node.up:
             return
-        expected = self._expect_at_restart.pop(node.name, None)
+        expected = self.fault_ctx.expect_at_restart.pop(node.name, None)
         node.open()
         self.trace.log("node", f"{node.name} up (incarnation {node.incarnation})")
         for other in self.nodes.values():
@@ -327,31 +296,7 @@ class Simulation:
         if self.phase == "liveness":
             self._check_converged()
 
-    # ── faults ────────────────────────────────────────────────────────
-
-    def _fault_start(self, fault: Fault) -> None:
-        if self.phase != "safety":
-            return
-        self.trace.fault(f"start {fault.describe()}")
-        until = fault.until if fault.until is not None else self.scenario.duration
-        handler = getattr(self, f"_start_{fault.kind}")
-        handler(fault, until)
-
-    def _window(self, fault: Fault, until: float, label: str) -> None:
-        self.windows.append({"kind": fault.kind, "start": fault.at,
-                             "end": min(until, self.scenario.duration), "label": label})
-
-    def _cut_window(self, fault: Fault, until: float, test: Callable[[str, str], bool],
-                    label: str) -> None:
-        cut = self.net.add_cut(Cut(label, test))
-        self._window(fault, until, label)
-        self.schedule(to_us(until), self._end_cut, (cut,))
-
-    def _end_cut(self, cut: Cut) -> None:
-        if cut in self.net.cuts:
-            self.net.remove_cut(cut)
-            self.trace.fault(f"heal {cut.label}")
-            self._reconnect([cut])
+    # ── faults (`faults.py`) ──────────────────────────────────────────
 
     def _reconnect(self, cuts: list[Cut]) -> None:
         """Streams broken by these cuts reconnect (the daemon then owes a full round)."""
@@ -362,107 +307,9 @@ class Simulation:
                 if any(c.test(peer, node.name) or c.test(node.name, peer) for c in cuts):
                     self.driver.reconnected(node, peer)
 
-    def _start_partition(self, fault: Fault, until: float) -> None:
-        group = {n: i for i, g in enumerate(fault.groups) for n in g}
-        label = "partition " + "|".join(",".join(g) for g in fault.groups)
-        self._cut_window(fault, until, lambda a, b: a in group and b in group
-                         and group[a] != group[b], label)
-
-    def _start_oneway(self, fault: Fault, until: float) -> None:
-        src, dst = set(fault.src), set(fault.dst)
-        label = f"oneway {','.join(fault.src)}->{','.join(fault.dst)}"
-        self._cut_window(fault, until, lambda a, b: a in src and b in dst, label)
-
-    def _start_isolate(self, fault: Fault, until: float) -> None:
-        name = fault.node
-        self._cut_window(fault, until, lambda a, b: name in (a, b), f"isolate {name}")
-
-    def _start_flap(self, fault: Fault, until: float) -> None:
-        pair = set(fault.nodes)
-        label = f"flap {','.join(fault.nodes)}"
-        cut = self.net.add_cut(Cut(label, lambda a, b: a in pair and b in pair))
-        self._window(fault, until, label)
-        self._toggle(cut, fault.period / 2, until)
-
-    def _toggle(self, cut: Cut, half: float, until: float) -> None:
-        if self.phase != "safety" or self.clock.now >= until:
-            self.net.remove_cut(cut)
-            return
-        self.trace.fault(f"{cut.label} {'down' if cut.active else 'up'}")
-        self.schedule(self.clock.now_us + to_us(half), self._flip, (cut, half, until))
-
-    def _flip(self, cut: Cut, half: float, until: float) -> None:
-        cut.active = not cut.active
-        if not cut.active:
-            self._reconnect([cut])
-        self._toggle(cut, half, until)
-
-    def _start_crash(self, fault: Fault, until: float) -> None:
-        node = self.nodes[fault.node or ""]
-        if not node.up:
-            self.trace.fault(f"{node.name} is already down")
-            return
-        self._window(fault, until, f"{node.name} down")
-        if fault.mid_apply:
-            node.crash_on_apply = True
-            self._mid_apply_down[node.name] = to_us(until - fault.at)
-            return
-        self._expect_at_restart[node.name] = dict(node.vv)
-        node.crash("crash fault")
-        self.schedule(to_us(until), self._restart, (node,))
-
-    def _start_clock_jump(self, fault: Fault, until: float) -> None:
-        node = self.nodes[fault.node or ""]
-        node.clock.jump(int(round(fault.by * 1000)))
-
-    def _start_slow(self, fault: Fault, until: float) -> None:
-        node = self.nodes[fault.node or ""]
-        node.serve_delay_us = to_us(fault.serve_delay)
-        self.schedule(to_us(until), self._end_slow, (node,))
-
-    def _end_slow(self, node: SimNode) -> None:
-        if node.serve_delay_us:
-            node.serve_delay_us = 0
-            self.trace.fault(f"{node.name} serves at full speed again")
-
-    def _start_link(self, fault: Fault, until: float) -> None:
-        label = f"link {','.join(fault.src)}->{','.join(fault.dst)} #{fault.at:g}"
-        self.net.add_override(fault.src, fault.dst, fault.link or LinkSpec(), label)
-        self._window(fault, until, label)
-        self.schedule(to_us(until), self._end_link, (label,))
-
-    def _end_link(self, label: str) -> None:
-        self.net.remove_override(label)
-        self.trace.fault(f"heal {label}")
-
-    def _start_restore(self, fault: Fault, until: float) -> None:
-        node = self.nodes[fault.node or ""]
-        if not node.restore(fault.backup_at):
-            self.trace.fault(f"{node.name}: no backup taken at or before {fault.backup_at:g} s")
-        else:
-            self.trace.fault(f"{node.name} restored from its backup of t={fault.backup_at:g} s: "
-                             f"vector now {len(node.vv)} origins")
-
-    def _start_byzantine(self, fault: Fault, until: float) -> None:
-        node = self.nodes[fault.node or ""]
-        node.byzantine = (fault.rate, fault.tamper)
-        self.schedule(to_us(until), self._end_byzantine, (node,))
-
-    def _end_byzantine(self, node: SimNode) -> None:
-        if node.byzantine is not None:
-            node.byzantine = None
-            self.trace.fault(f"{node.name} turns honest")
-
     def take_backups(self) -> None:
         """Backups are taken when a restore fault names the moment (`backup_at`)."""
-        for fault in self.faults:
-            if fault.kind == "restore":
-                self.schedule(to_us(fault.backup_at), self._backup, (fault,))
-
-    def _backup(self, fault: Fault) -> None:
-        node = self.nodes[fault.node or ""]
-        node.snapshot(self.clock.now)
-        self.trace.fault(f"backup of {node.name} taken ({sum(node.vv.values())} ops)")
+        faults.take_backups(self.fault_ctx, self.faults)
 
     # ── the liveness phase ────────────────────────────────────────────
 
@@ -470,16 +317,7 @@ class Simulation:
         self.phase = "liveness"
         self.heal_us = self.clock.now_us
         self.trace.fault("heal everything: liveness phase begins")
-        cuts = list(self.net.cuts)
-        self.net.heal_all()
-        for node in self.nodes.values():
-            node.serve_delay_us = 0
-            node.byzantine = None
-            node.crash_on_apply = False
-        for node in self.nodes.values():
-            if not node.up:
-                self._restart(node)
-        self._reconnect(cuts)
+        faults.heal_all(self.fault_ctx)
         if self.faults:
             self._checkpoint("end of the safety phase")
         self._check_converged()
@@ -487,19 +325,13 @@ class Simulation:
     def _checkpoint(self, when: str) -> None:
         """Per-node invariants on the real stores (a run without faults skips this one:
         the final check follows within moments and covers the same ground)."""
-        for node in self.nodes.values():
-            snap = checks.snapshot(node)
-            checks.check_node(snap, node, self.registry.copies,
-                              lambda i, t, w=when: self.violation(i, f"{t} ({w})"))
+        checks.checkpoint(self.nodes.values(), self.registry.copies,
+                          lambda i, t, w=when: self.violation(i, f"{t} ({w})"))
 
     def _check_converged(self) -> None:
         if self.done or self.converged_us is not None:
             return
-        nodes = list(self.nodes.values())
-        if not all(n.up for n in nodes):
-            return
-        first = nodes[0].vv
-        if all(n.vv == first for n in nodes[1:]):
+        if checks.same_vectors(list(self.nodes.values())):
             self.converged_us = self.clock.now_us
             self.trace.log("check", "converged: every node holds the same version vector")
             self.done = True
@@ -510,21 +342,15 @@ class Simulation:
         self.done = True
         if self.converged_us is not None:
             self.samples.append((self.clock.now, [0] * len(self.nodes)))
-        snaps = [checks.snapshot(n) for n in self.nodes.values() if n.up]
-        report_fn = self.violation
-        for snap in snaps:
-            checks.check_node(snap, self.nodes[snap.node], self.registry.copies, report_fn)
-        verdict = checks.check_fleet(snaps, report_fn) if len(snaps) > 1 else None
-        view_summary = checks.check_views(snaps, self.everyone, report_fn) \
-            if verdict is not None and verdict.identical else {}
+        final = checks.final(self.nodes, self.registry.copies, self.everyone, self.violation)
         for node in self.nodes.values():
             node.crash("end of run")
-        self._count_suppressed()
-        return self._report(wall, snaps, verdict, view_summary)
+        self._violations.count_suppressed()
+        return self._report(wall, final)
 
-    def _report(self, wall: float, snaps: list[checks.Snapshot], verdict: Any,
-                view_summary: dict[str, Any]) -> SimReport:
+    def _report(self, wall: float, final: checks.Final) -> SimReport:
         s = self.scenario
+        snaps, verdict = final.snaps, final.verdict
         reach = sorted(to_s(v) for v in self.registry.reach.values())
         events = len(self.registry.copies)
         requests = sum(self.metrics.requests.values())
@@ -548,24 +374,14 @@ class Simulation:
             lost=events - len(reach),
             conflicts={sn.node: sn.counts["conflicts"] for sn in snaps},
             quarantined={sn.node: sn.counts["quarantined"] for sn in snaps},
-            conflict_kinds=_kinds(snaps, "conflicts"),
-            quarantine_reasons=_kinds(snaps, "quarantine"),
+            conflict_kinds=checks.ledger_kinds(snaps, "conflicts"),
+            quarantine_reasons=checks.ledger_kinds(snaps, "quarantine"),
             divergent=0 if verdict is None else verdict.divergent_keys,
             divergent_recorded=0 if verdict is None else verdict.recorded,
-            views=view_summary, faults=list(self.trace.faults), windows=self.windows,
+            views=final.views, faults=list(self.trace.faults), windows=self.windows,
             samples=self.samples, violations=self.violations, wall_seconds=wall,
             expect=s.expect, net=dict(self.net.stats.__dict__),
         )
-
-
-def _kinds(snaps: list[checks.Snapshot], ledger: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for snap in snaps:
-        for row in getattr(snap, ledger):
-            key = row.get("kind", "?") if ledger == "conflicts" else \
-                f"{row.get('kind', '?')}: {str(row.get('reason', ''))[:60]}"
-            out[key] = out.get(key, 0) + 1
-    return dict(sorted(out.items()))
 
 
 def run_scenario(scenario: Scenario, *, trace_sink: TextIO | None = None,
