@@ -199,9 +199,9 @@ class PeerLoop:
         if report.capped:  # more is owed: go again at once
             self.schedule.notified(now)
         due = self.schedule.succeeded(now)
-        if self.notified:  # held back by a claim: due when it lapses (or now: released)
+        if self.notified:  # held back by a claim: due when it lapses (or soon: released)
             lapse = self.claims.lapse_of(self.notified)
-            due = min(due, lapse if lapse is not None else now)
+            due = min(due, lapse if lapse is not None else now + self.schedule.debounce)
             self.schedule.due_by(due)
         return due
 
