@@ -8,6 +8,27 @@ validation, or names an artifact not present). A conflict never
 overwrites; a quarantined op or an id collision stops only its origin for
 the rest of the call. Conflicts and quarantine rows are deduplicated by a
 digest, and seeing them again bumps a counter.
+
+An op that fails validation is quarantined and stops its origin before any check. A
+valid op then meets the checks of `APPLY_CHECKS`, in this order; the first that answers
+decides, and an op no check answers is inserted. The order is part of the spec (the
+kinds are RFC 004 §5.5-5.6): an op we already hold is a duplicate although its id is
+held too, a fork although it may also sit below the high-water mark, and so on down.
+
+  1. duplicate         (origin, origin_seq) held, or earlier in this call, same content
+                       -> skip (counted as a duplicate)
+  2. fork              (origin, origin_seq) held, or earlier in this call, other content
+                       -> conflict, skip
+  3. forged_origin     claims our origin, and is not an op of ours we lost (at or below
+                       our top, or stamped beyond the drift bound) -> conflict, skip
+  4. id_collision      its id is held, or applied earlier in this call, under another key
+                       -> conflict, skip, stop the origin
+  5. history_rewrite   origin_seq at or below the origin's high-water mark, never held
+                       -> conflict, skip
+  6. missing_artifact  names an artifact that is neither stored nor in this call
+                       -> quarantine, stop the origin
+  7. restored_replica  claims our origin (and passed 3: an op of ours we lost)
+                       -> conflict recorded, and the op is inserted (recovered)
 """
 
 from __future__ import annotations
@@ -15,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +53,10 @@ from logsync.store.rows import (
     same_event,
 )
 from logsync.store.schema import INSERT_ARTIFACT, INSERT_EVENT
+
+# What a check decides for one op: store it, leave it (the origin goes on), or leave it
+# and stop its origin for the rest of the call.
+INSERT, SKIP, STOP = "insert", "skip", "stop"
 
 
 @dataclass(frozen=True)
@@ -97,6 +122,19 @@ def apply_page(
         applied_per_origin=state.per_origin,
     )
     return result
+
+
+@dataclass(slots=True)
+class _Subject:
+    """One validated op as the apply checks see it."""
+
+    row: dict[str, Any]  # the validated row
+    op: Any  # the op as the peer sent it (what conflicts and quarantine record)
+    seq: int
+    origin: str
+    held: dict[str, Any] | None  # what this replica holds under (origin, seq), or None
+    by_id: dict[str, sqlite3.Row]  # stored events sharing an id with this origin's ops
+    top: int  # the origin's high-water mark before this op
 
 
 class _Applier:
@@ -180,9 +218,9 @@ class _Applier:
                 self._stop(origin, _quarantine(state, "event", op, str(exc)))
                 break
             outcome = self._classify(row, op, by_seq, by_id, batch_keys, top)
-            if outcome == "stop":
+            if outcome == STOP:
                 break
-            if outcome == "insert":
+            if outcome == INSERT:
                 batch_keys[row["origin_seq"]] = row
                 self._stage_insert(row)
                 top = max(top, row["origin_seq"])
@@ -198,84 +236,77 @@ class _Applier:
         batch: dict[int, dict[str, Any]],
         top: int,
     ) -> str:
-        """Decide one validated op: 'insert', 'skip' (duplicate/conflict) or 'stop'."""
-        state = self.state
-        seq, origin = row["origin_seq"], row["origin_replica"]
-        local = batch.get(seq)
-        if local is None and seq in by_seq:
-            local = self._stored_row(by_seq[seq])
-        if local is not None:
-            if same_event(local, row):
-                state.duplicates += 1
-                return "skip"
-            _conflict(
-                state,
-                "fork",
-                row["id"],
-                origin,
-                seq,
-                "the same (origin_replica, origin_seq) arrived with different content",
-                row_wire(local),
-                op,
-            )
-            return "skip"
-        if origin == self.replica_id and not self._recoverable(row, seq, top):
-            _conflict(
-                state,
-                "forged_origin",
-                row["id"],
-                origin,
-                seq,
-                "an op claims this replica as its origin but this replica never wrote it",
-                None,
-                op,
-            )
-            return "skip"
-        if row["id"] in by_id or row["id"] in state.applied_ids:
-            have = by_id.get(row["id"])
-            _conflict(
-                state,
-                "id_collision",
-                row["id"],
-                origin,
-                seq,
-                "an event with this id already exists under another (origin, origin_seq)",
-                self._stored_row(have) if have is not None else None,
-                op,
-            )
-            self._stop(origin, "id collision")
-            return "stop"
-        if seq <= top:
-            _conflict(
-                state,
-                "history_rewrite",
-                row["id"],
-                origin,
-                seq,
-                f"origin_seq {seq} is at or below this origin's high-water mark {top} "
-                "but was never held here: the origin's history changed",
-                None,
-                op,
-            )
-            return "skip"
-        missing = [a for a in row["artifact_ids"] if not self._has_artifact(a)]
-        if missing:
-            reason = f"names artifact {missing[0]!r}, which is not present"
-            self._stop(origin, _quarantine(state, "event", op, reason))
-            return "stop"
-        if origin == self.replica_id:
-            _conflict(
-                state,
-                "restored_replica",
-                row["id"],
-                origin,
-                seq,
-                "a peer holds this replica's own op above its last origin_seq: the palace was "
-                "restored from an older copy or cloned; the op was recovered",
-                None,
-                op,
-            )
-        return "insert"
+        """Decide one validated op: INSERT, SKIP (duplicate/conflict) or STOP, by the first
+        of `APPLY_CHECKS` that answers."""
+        seq = row["origin_seq"]
+        held = batch.get(seq)
+        if held is None and seq in by_seq:
+            held = self._stored_row(by_seq[seq])
+        subject = _Subject(row, op, seq, row["origin_replica"], held, by_id, top)
+        for _name, check in APPLY_CHECKS:
+            outcome = check(self, subject)
+            if outcome is not None:
+                return outcome
+        return INSERT
+
+    # ── the checks, in the order of APPLY_CHECKS ─────────────────────
+
+    def _duplicate(self, s: _Subject) -> str | None:
+        if s.held is None or not same_event(s.held, s.row):
+            return None
+        self.state.duplicates += 1
+        return SKIP
+
+    def _fork(self, s: _Subject) -> str | None:
+        if s.held is None or same_event(s.held, s.row):
+            return None
+        self._record(s, "fork", "the same (origin_replica, origin_seq) arrived with different "
+                     "content", row_wire(s.held))
+        return SKIP
+
+    def _forged_origin(self, s: _Subject) -> str | None:
+        if s.origin != self.replica_id or self._recoverable(s.row, s.seq, s.top):
+            return None
+        self._record(s, "forged_origin", "an op claims this replica as its origin but this "
+                     "replica never wrote it")
+        return SKIP
+
+    def _id_collision(self, s: _Subject) -> str | None:
+        if s.row["id"] not in s.by_id and s.row["id"] not in self.state.applied_ids:
+            return None
+        have = s.by_id.get(s.row["id"])
+        self._record(s, "id_collision", "an event with this id already exists under another "
+                     "(origin, origin_seq)", self._stored_row(have) if have is not None else None)
+        self._stop(s.origin, "id collision")
+        return STOP
+
+    def _history_rewrite(self, s: _Subject) -> str | None:
+        if s.seq > s.top:
+            return None
+        self._record(s, "history_rewrite", f"origin_seq {s.seq} is at or below this origin's "
+                     f"high-water mark {s.top} but was never held here: the origin's history "
+                     "changed")
+        return SKIP
+
+    def _missing_artifact(self, s: _Subject) -> str | None:
+        missing = [a for a in s.row["artifact_ids"] if not self._has_artifact(a)]
+        if not missing:
+            return None
+        reason = f"names artifact {missing[0]!r}, which is not present"
+        self._stop(s.origin, _quarantine(self.state, "event", s.op, reason))
+        return STOP
+
+    def _restored_replica(self, s: _Subject) -> str | None:
+        if s.origin != self.replica_id:
+            return None
+        self._record(s, "restored_replica", "a peer holds this replica's own op above its last "
+                     "origin_seq: the palace was restored from an older copy or cloned; the op "
+                     "was recovered")
+        return INSERT
+
+    def _record(self, s: _Subject, kind: str, reason: str, local: Any = None) -> None:
+        """A conflict about this op: what we hold (`local`, if anything) and what came."""
+        _conflict(self.state, kind, s.row["id"], s.origin, s.seq, reason, local, s.op)
 
     def _recoverable(self, row: dict[str, Any], seq: int, top: int) -> bool:
         """Our own op, above everything we hold, that a peer still has: this palace was
@@ -337,6 +368,21 @@ class _Applier:
         state.applied_ids.add(row["id"])
         origin = row["origin_replica"]
         state.per_origin[origin] = state.per_origin.get(origin, 0) + 1
+
+
+Check = Callable[[_Applier, _Subject], str | None]
+
+# The apply checks in their order (see the module docstring): (name, check). A check
+# returns None to pass the op on, or what to do with it.
+APPLY_CHECKS: tuple[tuple[str, Check], ...] = (
+    ("duplicate", _Applier._duplicate),
+    ("fork", _Applier._fork),
+    ("forged_origin", _Applier._forged_origin),
+    ("id_collision", _Applier._id_collision),
+    ("history_rewrite", _Applier._history_rewrite),
+    ("missing_artifact", _Applier._missing_artifact),
+    ("restored_replica", _Applier._restored_replica),
+)
 
 
 # How far past our own top a slot refused as forged may push our counter. A restored
