@@ -20,6 +20,45 @@ from logsync.store.apply import next_own_seq
 from logsync.store.schema import INSERT_ARTIFACT, INSERT_EVENT
 
 
+def _event_fields(
+    type: str,
+    stream: str,
+    room: str,
+    from_agent: str,
+    *,
+    to_agent: str | None = None,
+    correlation_id: str | None = None,
+    branch: str | None = None,
+    base_commit: str | None = None,
+    status: str | None = None,
+    body: str | None = "",
+    metadata: Mapping[str, Any] | None = None,
+    artifact_ids: Sequence[str] | None = None,
+    topic: str | None = None,
+) -> dict[str, Any]:
+    """The caller's fields of a local event, routing labels trimmed, checked and normalised
+    (`model.validate_local_event`); a bad one raises one `ValidationError` sentence."""
+    return model.validate_local_event(
+        model.strip_routing(
+            {
+                "type": type,
+                "stream": stream,
+                "room": room,
+                "from_agent": from_agent,
+                "to_agent": to_agent,
+                "correlation_id": correlation_id,
+                "branch": branch,
+                "base_commit": base_commit,
+                "status": status,
+                "body": body,
+                "metadata": metadata,
+                "artifact_ids": artifact_ids,
+                "topic": topic,
+            }
+        )
+    )
+
+
 class LocalWrites:
     """Methods `Store` inherits; they use its `_atomic`, `_read`, clock and ids."""
 
@@ -41,24 +80,20 @@ class LocalWrites:
         topic: str | None = None,
     ) -> dict[str, Any]:
         """Append one immutable event authored by this replica."""
-        fields = model.validate_local_event(
-            model.strip_routing(
-                {
-                    "type": type,
-                    "stream": stream,
-                    "room": room,
-                    "from_agent": from_agent,
-                    "to_agent": to_agent,
-                    "correlation_id": correlation_id,
-                    "branch": branch,
-                    "base_commit": base_commit,
-                    "status": status,
-                    "body": body,
-                    "metadata": metadata,
-                    "artifact_ids": artifact_ids,
-                    "topic": topic,
-                }
-            )
+        fields = _event_fields(
+            type,
+            stream,
+            room,
+            from_agent,
+            to_agent=to_agent,
+            correlation_id=correlation_id,
+            branch=branch,
+            base_commit=base_commit,
+            status=status,
+            body=body,
+            metadata=metadata,
+            artifact_ids=artifact_ids,
+            topic=topic,
         )
         with self._atomic(durable=True) as conn:
             for artifact_id in fields["artifact_ids"]:
@@ -191,22 +226,20 @@ class LocalWrites:
         topic: str | None = None,
     ) -> dict[str, Any]:
         """Store a patch artifact and its `patch.ready` event."""
-        model.validate_local_event(
-            model.strip_routing(
-                {
-                    "type": "patch.ready",
-                    "stream": stream,
-                    "room": room,
-                    "from_agent": from_agent,
-                    "to_agent": to_agent,
-                    "correlation_id": correlation_id,
-                    "branch": branch,
-                    "base_commit": base_commit,
-                    "body": body,
-                    "metadata": metadata,
-                    "topic": topic,
-                }
-            )
+        # The event's fields are checked before the artifact is stored, so a bad one
+        # leaves no orphan artifact behind.
+        _event_fields(
+            "patch.ready",
+            stream,
+            room,
+            from_agent,
+            to_agent=to_agent,
+            correlation_id=correlation_id,
+            branch=branch,
+            base_commit=base_commit,
+            body=body,
+            metadata=metadata,
+            topic=topic,
         )
         artifact = self.put_artifact("patch", content, from_agent, metadata)
         event = self.append_event(
