@@ -18,6 +18,7 @@ from conftest import T0_MS, CountingIds, FakeClock, RemoteKit, held_seqs, iso
 from logsync import hlc, model
 from logsync.errors import NotFoundError, StoreError, ValidationError
 from logsync.store import Store
+from logsync.store.waiting import wait_events
 
 # Written out, not imported from logsync: the upstream wire order is the contract.
 UPSTREAM_EVENT_KEYS = [
@@ -420,7 +421,7 @@ def test_latest_event_id_and_counts(store: Store) -> None:
 def test_wait_times_out_with_the_upstream_shape(store: Store) -> None:
     note(store, stream="elsewhere")
     started = time.monotonic()
-    result = store.wait_events(timeout_ms=150, stream="proj")
+    result = wait_events(store, timeout_ms=150, stream="proj")
     elapsed = time.monotonic() - started
     assert result == {"timed_out": True, "events": []}
     assert 0.14 <= elapsed < 2.0
@@ -429,7 +430,7 @@ def test_wait_times_out_with_the_upstream_shape(store: Store) -> None:
 def test_wait_returns_at_once_when_events_match(store: Store) -> None:
     event = note(store)
     started = time.monotonic()
-    result = store.wait_events(timeout_ms=5_000, stream="proj")
+    result = wait_events(store, timeout_ms=5_000, stream="proj")
     assert time.monotonic() - started < 1.0
     assert result["timed_out"] is False
     assert [e["id"] for e in result["events"]] == [event["id"]]
@@ -447,8 +448,8 @@ def test_wait_wakes_when_another_thread_appends(palace: Path) -> None:
         thread = threading.Thread(target=later)
         started = time.monotonic()
         thread.start()
-        result = waiter.wait_events(timeout_ms=10_000, since_event_id=anchor["id"],
-                                    to_agent="coder")
+        result = wait_events(waiter, timeout_ms=10_000, since_event_id=anchor["id"],
+                             to_agent="coder")
         elapsed = time.monotonic() - started
         thread.join(timeout=10)
     assert result["timed_out"] is False
@@ -459,7 +460,7 @@ def test_wait_wakes_when_another_thread_appends(palace: Path) -> None:
 @pytest.mark.parametrize("timeout", [-1, "10", True, None])
 def test_wait_refuses_a_bad_timeout(store: Store, timeout: Any) -> None:
     with pytest.raises(ValidationError) as info:
-        store.wait_events(timeout_ms=timeout)
+        wait_events(store, timeout_ms=timeout)
     assert str(info.value) == (
         f"timeout_ms={timeout!r} is invalid: must be a non-negative number"
     )
@@ -467,7 +468,7 @@ def test_wait_refuses_a_bad_timeout(store: Store, timeout: Any) -> None:
 
 def test_wait_with_an_unknown_cursor_fails_at_once(store: Store) -> None:
     with pytest.raises(NotFoundError, match="since_event_id 'evt_nope' not found"):
-        store.wait_events(timeout_ms=5_000, since_event_id="evt_nope")
+        wait_events(store, timeout_ms=5_000, since_event_id="evt_nope")
 
 
 # ── vector and list_ops ───────────────────────────────────────────────

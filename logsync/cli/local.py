@@ -23,6 +23,7 @@ from logsync.cli._common import (
 from logsync.errors import NotFoundError
 from logsync.model import EVENT_STATUSES
 from logsync.store import Store
+from logsync.store.waiting import wait_events
 
 STATUS = click.Choice(sorted(EVENT_STATUSES))
 
@@ -124,7 +125,7 @@ def list_(ctx: click.Context, as_json: bool, order: str, limit: int,
 def wait(ctx: click.Context, as_json: bool, timeout_ms: int, limit: int, **kw: Any) -> None:
     """Block until a matching event exists; exit 2 on timeout."""
     with open_store(ctx, read_only=True) as store:
-        result = store.wait_events(timeout_ms=timeout_ms, limit=limit, **_filters(kw))
+        result = wait_events(store, timeout_ms=timeout_ms, limit=limit, **_filters(kw))
     result["count"] = len(result["events"])
     _print_events(result, as_json)
     if result["timed_out"]:

@@ -7,7 +7,6 @@ fleet-wide merge order. Cursors never use HLC.
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -24,7 +23,7 @@ from logsync.store.schema import FILTER_COLUMNS
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 500
-MAX_WAIT_TIMEOUT_MS = 300_000
+MAX_WAIT_TIMEOUT_MS = 300_000  # the longest wait of `waiting.wait_events`
 
 
 class Reads:
@@ -134,34 +133,6 @@ class Reads:
         if not rows:
             raise NotFoundError(f"{name} {event_id!r} not found in this replica")
         return int(rows[0][0])
-
-    def wait_events(
-        self,
-        timeout_ms: int = 60_000,
-        *,
-        poll_s: float = 0.05,
-        **filters: Any,
-    ) -> dict[str, Any]:
-        """Long poll: the first matching events, or `{timed_out: true, events: []}`."""
-        if (
-            isinstance(timeout_ms, bool)
-            or not isinstance(timeout_ms, int | float)
-            or timeout_ms < 0
-        ):
-            raise ValidationError(
-                f"timeout_ms={shorten(timeout_ms)} is invalid: must be a non-negative number"
-            )
-        deadline = time.monotonic() + min(timeout_ms, MAX_WAIT_TIMEOUT_MS) / 1000
-        delay = poll_s
-        while True:
-            events = self.list_events(**filters)
-            remaining = deadline - time.monotonic()
-            if events:
-                return {"timed_out": False, "events": events}
-            if remaining <= 0:
-                return {"timed_out": True, "events": []}
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 1.5, 0.5)
 
     def latest_event_id(self) -> str | None:
         rows = self._read("SELECT id FROM events ORDER BY rowid DESC LIMIT 1")
