@@ -15,8 +15,8 @@ peer dripping a byte at a time would hold it forever), and decoding by
 gigabytes) and msgpack's own length limits. Decoding runs in a worker thread, so a
 large answer never stalls the event loop (and with it `/healthz`).
 
-Store calls are synchronous SQLite, so every step of the round generator runs
-in a worker thread; the event loop never blocks on the database.
+The round advances on the event loop; its store effects (synchronous SQLite) run in
+a worker thread, so the event loop never blocks on the database.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ from logsync.answers import (
     parse_retry_after,
     translate_transport,
 )
-from logsync.engine import RoundReport, StoreLike, pull_round, targeted_origin
+from logsync.effects import STORE_EFFECTS, StoreLike, perform
+from logsync.engine import RoundReport, pull_round, targeted_origin
 from logsync.errors import (
     ConfigError,
     LogsyncError,
@@ -162,13 +163,14 @@ class PeerClient:
     async def _full_round(self, store: StoreLike, report: RoundReport,
                           page_limit: int | None, use_extensions: bool,
                           held_back: Collection[str]) -> RoundReport:
-        gen = pull_round(store, self.name, page_limit=page_limit, use_extensions=use_extensions,
-                         held_back=held_back,
+        gen = pull_round(store.replica_id, self.name, page_limit=page_limit,
+                         use_extensions=use_extensions, held_back=held_back,
                          batch_artifacts=True, report=report)
         outcome: RoundReport | LogsyncError
         async with anyio.create_task_group() as prefetches:
             try:
-                outcome = await self._drive(gen, report, _Prefetcher(self, prefetches, report))
+                outcome = await self._drive(gen, store, report,
+                                            _Prefetcher(self, prefetches, report))
             except LogsyncError as exc:  # returned, so the task group does not wrap it
                 outcome = exc
             finally:
@@ -213,11 +215,12 @@ class PeerClient:
         local = await anyio.to_thread.run_sync(store.version_vector)
 
         async def one(origin: str, top: int) -> None:
-            gen = targeted_origin(store, self.name, origin, top, ext, report,
+            gen = targeted_origin(self.name, origin, top, ext, report,
                                   batch_artifacts=True, held=local.get(origin, 0))
             async with limiter, anyio.create_task_group() as prefetches:
                 try:
-                    await self._drive(gen, report, _Prefetcher(self, prefetches, report))
+                    await self._drive(gen, store, report,
+                                      _Prefetcher(self, prefetches, report))
                 except LogsyncError as exc:  # a store failure too: kept, never wrapped
                     failures.append(exc)
                     group.cancel_scope.cancel()
@@ -234,16 +237,22 @@ class PeerClient:
         return report
 
     async def _drive(
-        self, gen: Generator[Step, Any, Any], report: RoundReport, prefetcher: _Prefetcher,
+        self, gen: Generator[Any, Any, Any], store: StoreLike, report: RoundReport,
+        prefetcher: _Prefetcher,
     ) -> Any:
-        done, value = await anyio.to_thread.run_sync(_advance, gen, "send", None)
+        """Advance the round on the event loop; its store effects run in a worker thread
+        (SQLite blocks), its requests here. What either raises is thrown back in."""
+        done, value = _advance(gen, "send", None)
         while not done:
             try:
-                answer = await self._perform(value, report, prefetcher)
-            except PeerError as exc:
-                done, value = await anyio.to_thread.run_sync(_advance, gen, "throw", exc)
+                if isinstance(value, STORE_EFFECTS):
+                    answer = await anyio.to_thread.run_sync(perform, store, value)
+                else:
+                    answer = await self._perform(value, report, prefetcher)
+            except Exception as exc:  # noqa: BLE001 - the round decides what it means
+                done, value = _advance(gen, "throw", exc)
                 continue
-            done, value = await anyio.to_thread.run_sync(_advance, gen, "send", answer)
+            done, value = _advance(gen, "send", answer)
         return value
 
     async def _perform(self, step: Step, report: RoundReport,
@@ -425,8 +434,8 @@ class _Prefetcher:
             slot.done.set()
 
 
-def _advance(gen: Generator[Step, Any, RoundReport], how: str, value: Any) -> tuple[bool, Any]:
-    """Step the round in a worker thread; StopIteration cannot cross into a Future."""
+def _advance(gen: Generator[Any, Any, Any], how: str, value: Any) -> tuple[bool, Any]:
+    """Step the round: (True, its result) once it returns, else (False, its next step)."""
     try:
         step = gen.throw(value) if how == "throw" else gen.send(value)
     except StopIteration as stop:

@@ -5,11 +5,12 @@ path with these params") or a `Batch` of them, and receives the decoded answer
 through `send()`: a dict, or None for a 404 on a request marked `missing_ok`
 (a `Batch` receives a list of answers in order, where a request that failed is
 answered by its `PeerError`, so one slow or failing origin does not cost the others
-their answers; a driver may instead throw the first failure in). The driver
-translates transport failures into `errors.PeerError`s and `throw()`s them in. The
-round returns a `RoundReport`. It calls the store itself (`version_vector`,
-`missing_artifacts`, `apply_remote`); it never touches sockets, clocks,
-threads or sleeps, so the httpx client and the simulator run the same code.
+their answers). The driver translates transport failures into `errors.PeerError`s
+and `throw()`s them in. What the round needs of the local store it yields too, as
+`effects` (`ReadVector`, `ReadOwnSeen`, `MissingArtifacts`, `ApplyPage`), performed
+by the driver with `effects.perform`. The round returns a `RoundReport`; it never
+touches a store, socket, clock, thread or sleep, so the httpx client and the
+simulator run the same code.
 
 Rules of a round:
 
@@ -26,7 +27,7 @@ Rules of a round:
    the page itself when the peer returned them inline, else one
    `/sync/artifact` request each. A 404 is not fatal: the store quarantines
    the op that names it, and other origins go on.
-4. One `store.apply_remote` call per page (one transaction).
+4. One `ApplyPage` effect per page (one transaction).
 5. An origin stops when it is caught up, when a page is empty or shorter than
    asked (the peer has no more right now, whatever its vector promised), or
    when the store stops it (quarantine, id collision). A full valid page
@@ -52,9 +53,18 @@ when to pull is `logsync/schedule.py`. Both are re-exported here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Generator, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Collection, Generator, Mapping
+from typing import Any
 
+from logsync.effects import (
+    STORE_EFFECTS,
+    ApplyPage,
+    MissingArtifacts,
+    ReadOwnSeen,
+    ReadVector,
+    StoreLike,
+    perform,
+)
 from logsync.errors import (
     PeerAuthError,
     PeerError,
@@ -116,21 +126,6 @@ MAX_OPS_PER_ORIGIN = 50_000  # one origin's share of a round, so an endless one 
 TRANSIENT_ORIGINS_TO_GIVE_UP = 3
 
 
-class StoreLike(Protocol):
-    """What a round needs from `logsync.store.Store`."""
-
-    @property
-    def replica_id(self) -> str: ...
-
-    def version_vector(self) -> dict[str, int]: ...
-
-    def own_seen_top(self) -> int: ...
-
-    def missing_artifacts(self, ids: Iterable[str]) -> list[str]: ...
-
-    def apply_remote(self, events: list[dict], artifacts: list[dict]) -> Any: ...
-
-
 def missing_ranges(
     local: Mapping[str, int], remote: Mapping[str, int], own: str, own_seen: int = 0
 ) -> list[tuple[str, int, int]]:
@@ -162,7 +157,7 @@ RoundGen = Generator[Step, Any, RoundReport]
 
 
 def pull_round(
-    store: StoreLike,
+    own: str,
     peer: str,
     *,
     page_limit: int | None = None,
@@ -171,8 +166,8 @@ def pull_round(
     report: RoundReport | None = None,
     held_back: Collection[str] = (),
 ) -> RoundGen:
-    """One anti-entropy round against `peer` (a name or URL used in messages).
-    Origins in `held_back` (backing off after failures, see `OriginBackoff`) are
+    """One anti-entropy round of replica `own` against `peer` (a name or URL used in
+    messages). Origins in `held_back` (backing off after failures, see `OriginBackoff`) are
     left for a later round.
 
     `page_limit` None means as large as the peer allows (500 for upstream);
@@ -186,10 +181,11 @@ def pull_round(
     remote = parse_vector_answer(answer, peer)
     ext = remote.extensions if use_extensions else Extensions()
     _fill_header(report, remote, ext)
-    report.local_vector_before = dict(store.version_vector())
+    report.local_vector_before = dict((yield ReadVector()))
+    own_seen = yield ReadOwnSeen()
     limit = _effective_limit(page_limit, ext)
-    ranges = [r for r in missing_ranges(report.local_vector_before, remote.vector,
-                                        store.replica_id, store.own_seen_top())
+    ranges = [r for r in missing_ranges(report.local_vector_before, remote.vector, own,
+                                        own_seen)
               if r[0] not in held_back]
     group = FIRST_PAGES_AT_ONCE if batch_artifacts else 1
     for start in range(0, len(ranges), group):
@@ -206,9 +202,9 @@ def pull_round(
                 # stays with that origin (rule 6).
                 firsts = [None] * len(chunk)
         for progress, first in zip(chunk, firsts, strict=True):
-            yield from pull_origin(store, peer, progress, ext, limit, batch_artifacts, report,
+            yield from pull_origin(peer, progress, ext, limit, batch_artifacts, report,
                                    first=first)
-    report.local_vector_after = dict(store.version_vector())
+    report.local_vector_after = dict((yield ReadVector()))
     return report
 
 
@@ -223,7 +219,6 @@ def _page_request(progress: OriginProgress, ext: Extensions, limit: int) -> Requ
 
 
 def targeted_origin(
-    store: StoreLike,
     peer: str,
     origin: str,
     top: int,
@@ -236,16 +231,16 @@ def targeted_origin(
 ) -> Generator[Step, Any, OriginProgress]:
     """Pull one notified origin up to `top`, with no vector fetch: a targeted round
     runs one of these per origin chosen by `choose_targets`, side by side. `held` is
-    our vector entry for the origin if the caller has it (saves a vector query)."""
+    our vector entry for the origin if the caller has it (saves a vector read)."""
     if held is None:
-        held = int(store.version_vector().get(origin, 0))
+        held = int((yield ReadVector()).get(origin, 0))
     progress = OriginProgress(origin=origin, start=held, target=top, reached=held)
     report.origins[origin] = progress
     if top <= held:
         progress.stop_reason = STOP_CAUGHT_UP
         return progress
     limit = _effective_limit(page_limit, ext)
-    return (yield from pull_origin(store, peer, progress, ext, limit, batch_artifacts, report))
+    return (yield from pull_origin(peer, progress, ext, limit, batch_artifacts, report))
 
 
 def _fill_header(report: RoundReport, remote: PeerVector, ext: Extensions) -> None:
@@ -272,7 +267,6 @@ def page_bound(after: int, top: int, limit: int) -> int:
 
 
 def pull_origin(
-    store: StoreLike,
     peer: str,
     progress: OriginProgress,
     ext: Extensions,
@@ -306,9 +300,9 @@ def pull_origin(
             if not events:
                 progress.stop_reason = _stop_reason_for_empty(progress)
                 break
-            artifacts = yield from obtain_artifacts(store, peer, events, inline, ext, progress,
+            artifacts = yield from obtain_artifacts(peer, events, inline, ext, progress,
                                                     batch_artifacts, report)
-            _apply_page(store, peer, events, artifacts, progress)
+            yield from _apply_page(peer, events, artifacts, progress)
         except PeerTooLargeError as exc:
             if limit > 1:
                 limit = max(1, limit // 2)  # ask again for less
@@ -385,7 +379,6 @@ def referenced_artifacts(events: list[dict]) -> list[str]:
 
 
 def obtain_artifacts(
-    store: StoreLike,
     peer: str,
     events: list[dict],
     inline: dict[str, dict],
@@ -397,7 +390,7 @@ def obtain_artifacts(
     """The artifacts the page names that the store lacks: inline ones first, the
     rest one `/sync/artifact` request each (404 = absent, left to the store)."""
     wanted = referenced_artifacts(events)
-    missing = list(store.missing_artifacts(wanted)) if wanted else []
+    missing = list((yield MissingArtifacts(tuple(wanted)))) if wanted else []
     found = [inline[i] for i in missing if i in inline]
     to_fetch = [i for i in missing if i not in inline]
     requests = [
@@ -425,12 +418,11 @@ def obtain_artifacts(
 
 
 def _apply_page(
-    store: StoreLike, peer: str, events: list[dict], artifacts: list[dict],
-    progress: OriginProgress,
-) -> None:
+    peer: str, events: list[dict], artifacts: list[dict], progress: OriginProgress,
+) -> Generator[ApplyPage, Any, None]:
     """One transaction for the page; fold the ApplyResult into the progress."""
     try:
-        result = store.apply_remote(events, artifacts)
+        result = yield ApplyPage(events, artifacts)
     except ValidationError as exc:
         raise PeerProtocolError(
             f"peer {peer}: page for origin {progress.origin} was refused by the store: {exc}",
@@ -448,18 +440,22 @@ def _apply_page(
         progress.reached = max(progress.reached, events[-1]["origin_seq"])
 
 
-def drive(round_gen: Generator[Step, Any, Any], perform: Callable[[Request], Any]) -> Any:
-    """Run a round with a synchronous `perform(Request) -> answer`; a PeerError it
-    raises is thrown into the round. For tests and simple callers."""
+def drive(round_gen: Generator[Step, Any, Any], perform_request: Callable[[Request], Any],
+          store: StoreLike) -> Any:
+    """Run a round with a synchronous `perform_request(Request) -> answer` and a store
+    (its effects performed by `effects.perform`); what either raises is thrown into
+    the round. For tests and simple callers."""
     try:
         step = next(round_gen)
         while True:
             try:
-                if isinstance(step, Batch):
-                    answer: Any = [_outcome(perform, r) for r in step.requests]
+                if isinstance(step, STORE_EFFECTS):
+                    answer: Any = perform(store, step)
+                elif isinstance(step, Batch):
+                    answer = [_outcome(perform_request, r) for r in step.requests]
                 else:
-                    answer = perform(step)
-            except PeerError as exc:
+                    answer = perform_request(step)
+            except Exception as exc:  # noqa: BLE001 - the round decides what it means
                 step = round_gen.throw(exc)
                 continue
             step = round_gen.send(answer)
@@ -467,10 +463,8 @@ def drive(round_gen: Generator[Step, Any, Any], perform: Callable[[Request], Any
         return stop.value
 
 
-def _outcome(perform: Callable[[Request], Any], request: Request) -> Any:
+def _outcome(perform_request: Callable[[Request], Any], request: Request) -> Any:
     try:
-        return perform(request)
+        return perform_request(request)
     except PeerError as exc:
         return exc
-
-

@@ -19,7 +19,7 @@ from typing import Any
 
 from logsync import hlc
 from logsync.errors import ValidationError, shorten
-from logsync.replica import is_replica_id
+from logsync.ids import is_replica_id
 
 MAX_BODY_BYTES = 256 * 1024
 MAX_ARTIFACT_BYTES = 4 * 1024 * 1024

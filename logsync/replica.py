@@ -9,24 +9,22 @@ op-log provenance.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 
 from logsync.errors import ReplicaIdentityError
 from logsync.files import write_exclusive
+from logsync.ids import REPLICA_ID_RE, is_replica_id
+
+__all__ = ["REPLICA_FILENAME", "REPLICA_ID_RE", "get_replica_id", "is_replica_id",
+           "mint_replica_id", "read_replica_id"]
 
 REPLICA_FILENAME = "replica.json"
-REPLICA_ID_RE = re.compile(r"rep_(?:[0-9a-f]{12}|[0-9a-f]{32})")
 
 
 def mint_replica_id() -> str:
     return f"rep_{secrets.token_hex(16)}"
-
-
-def is_replica_id(value: object) -> bool:
-    return isinstance(value, str) and REPLICA_ID_RE.fullmatch(value) is not None
 
 
 def read_replica_id(palace: Path) -> str | None:

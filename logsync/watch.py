@@ -22,9 +22,9 @@ import httpx
 
 from logsync import __version__
 from logsync.answers import ACCEPT_ENCODING, encoding_problem
+from logsync.ids import is_replica_id
 from logsync.model import MAX_SEQ
 from logsync.peers import redact_url
-from logsync.replica import is_replica_id
 
 log = logging.getLogger("logsync.watch")
 

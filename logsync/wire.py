@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logsync.errors import PeerProtocolError, shorten
+from logsync.ids import is_replica_id
 from logsync.model import MAX_SEQ
-from logsync.replica import is_replica_id
 
 UPSTREAM_PAGE_LIMIT = 500
 LARGE_PAGE_CEILING = 5000

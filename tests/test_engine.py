@@ -110,7 +110,25 @@ def comparable(store: Store) -> dict[str, dict]:
 
 
 def pull(store: Store, peer: Callable[[Request], Any], **options: Any) -> RoundReport:
-    return drive(pull_round(store, "peer-a", **options), peer)
+    return drive(pull_round(store.replica_id, "peer-a", **options), peer, store)
+
+
+def batches_seen(gen: Any, seen: list) -> Any:
+    """The round, with every network step it yields (Request or Batch) noted in `seen`."""
+    answer: Any = None
+    try:
+        step = next(gen)
+        while True:
+            if isinstance(step, Request | Batch):
+                seen.append(step)
+            try:
+                answer = yield step
+            except Exception as exc:  # noqa: BLE001 - passed on to the round
+                step = gen.throw(exc)
+                continue
+            step = gen.send(answer)
+    except StopIteration as stop:
+        return stop.value
 
 
 def origin_failure(report: RoundReport, origin: str, pattern: str) -> str:
@@ -389,7 +407,8 @@ def test_store_refusing_a_page_becomes_a_protocol_error_naming_the_peer(stores):
         def apply_remote(self, events, artifacts):
             raise ValidationError("events[0].body is 300000 bytes: the maximum is 262144")
 
-    report = drive(pull_round(Refusing(), "peer-a"), FakePeer(a))
+    refusing = Refusing()
+    report = drive(pull_round(refusing.replica_id, "peer-a"), FakePeer(a), refusing)
     origin_failure(report, a.replica_id, "peer-a: page for origin .* refused by the store")
 
 
@@ -432,7 +451,7 @@ def test_artifacts_are_fetched_before_the_page_that_names_them_is_applied(stores
         timeline.append((request.path, dict(request.params)))
         return peer(request)
 
-    report = drive(pull_round(RecordingStore(b, timeline), "peer-a"), logged)
+    report = drive(pull_round(b.replica_id, "peer-a"), logged, RecordingStore(b, timeline))
     fetches = [i for i, step in enumerate(timeline) if step[0] == "/sync/artifact"]
     applies = [i for i, step in enumerate(timeline) if step[0] == "apply"]
     assert len(fetches) == 2 and len(applies) == 1
@@ -459,17 +478,14 @@ def test_batched_artifact_fetches_are_one_batch_step(stores):
     ids = [a.put_artifact("note", f"n{i}", "alice")["id"] for i in range(3)]
     append(a, 1, artifact_ids=ids)
     peer = FakePeer(a)
-    gen = pull_round(b, "peer-a", batch_artifacts=True)
-    steps = []
-    answer = None
-    try:
-        while True:
-            step = gen.send(answer)
-            steps.append(step)
-            answer = ([peer(r) for r in step.requests] if isinstance(step, Batch)
-                      else peer(step))
-    except StopIteration as stop:
-        report = stop.value
+    steps: list = []
+
+    def perform(request: Request) -> Any:
+        steps.append(request)
+        return peer(request)
+
+    report = drive(batches_seen(pull_round(b.replica_id, "peer-a", batch_artifacts=True),
+                                steps), perform, b)
     batches = [s for s in steps if isinstance(s, Batch)]
     assert len(batches) == 1 and len(batches[0].requests) == 3
     assert report.artifacts == 3 and report.requests == 5
@@ -632,7 +648,7 @@ def test_errors_thrown_in_stop_their_origin_and_keep_partial_progress(stores):
         return honest(request)
 
     report = RoundReport(peer="peer-a")
-    drive(pull_round(b, "peer-a", report=report), flaky)
+    drive(pull_round(b.replica_id, "peer-a", report=report), flaky, b)
     assert report.applied == 2 and b.version_vector() == {first_origin: 2}
     assert report.origins[second].error_kind == "transport"
     assert pull(b, FakePeer(a)).applied == 2
@@ -653,7 +669,7 @@ def test_a_failing_origin_that_sorts_first_does_not_stop_the_others(stores, batc
             raise PeerTransientError("peer-a: GET /sync/ops answered 500", peer="peer-a")
         return honest(request)
 
-    report = drive(pull_round(b, "peer-a", batch_artifacts=batch), broken_first)
+    report = drive(pull_round(b.replica_id, "peer-a", batch_artifacts=batch), broken_first, b)
     assert report.origins[second].applied == 3
     assert report.origins[first_origin].error_kind == "transport"
     assert b.version_vector() == {second: 3}
@@ -675,7 +691,7 @@ def test_transient_failures_in_a_row_end_the_round(stores):
 
     report = RoundReport(peer="peer-a")
     with pytest.raises(PeerTransientError):
-        drive(pull_round(b, "peer-a", report=report), gone)
+        drive(pull_round(b.replica_id, "peer-a", report=report), gone, b)
     assert sum(p.failed for p in report.origins.values()) == TRANSIENT_ORIGINS_TO_GIVE_UP
 
 
@@ -716,7 +732,7 @@ def test_a_round_applies_at_most_its_op_budget(stores, monkeypatch):
     a, b = stores["a"], stores["b"]
     append(a, 7)
     report = RoundReport(peer="peer-a", ops_budget=5)
-    drive(pull_round(b, "peer-a", page_limit=2, report=report), FakePeer(a))
+    drive(pull_round(b.replica_id, "peer-a", page_limit=2, report=report), FakePeer(a), b)
     assert report.applied == 5 and report.capped
     assert b.version_vector() == {a.replica_id: 5}
     assert pull(b, FakePeer(a)).applied == 2
@@ -774,13 +790,16 @@ def test_replicas_pulling_from_each_other_in_any_interleaving_converge(actions, 
                 elif step[1] != step[2]:
                     peer = interrupted(FakePeer(nodes[step[2]], advert), step[4])
                     try:
-                        drive(pull_round(nodes[step[1]], step[2], page_limit=step[3]), peer)
+                        store = nodes[step[1]]
+                        drive(pull_round(store.replica_id, step[2], page_limit=step[3]), peer,
+                              store)
                     except PeerTransientError:
                         pass
             for puller in NODES:
                 for source in NODES:
                     if puller != source:
-                        drive(pull_round(nodes[puller], source), FakePeer(nodes[source], advert))
+                        drive(pull_round(nodes[puller].replica_id, source),
+                              FakePeer(nodes[source], advert), nodes[puller])
             views = [comparable(nodes[n]) for n in NODES]
             vectors = [nodes[n].version_vector() for n in NODES]
             artifacts = [list(nodes[n].iter_artifacts()) for n in NODES]
@@ -959,14 +978,14 @@ def test_targeted_origin_pulls_one_origin_without_the_vector(stores):
     pull(b, FakePeer(c))
     peer = FakePeer(a)
     report = RoundReport(peer="a")
-    gen = engine.targeted_origin(b, "a", a.replica_id, 3, engine.Extensions(), report)
-    progress = drive(gen, peer)
+    gen = engine.targeted_origin("a", a.replica_id, 3, engine.Extensions(), report)
+    progress = drive(gen, peer, b)
     assert [r.path for r in peer.log] == ["/sync/ops"]
     assert (progress.applied, progress.reached, progress.stop_reason) == (3, 3, "caught up")
     assert b.version_vector()[a.replica_id] == 3
     again = FakePeer(a)
-    done = drive(engine.targeted_origin(b, "a", a.replica_id, 3, engine.Extensions(),
-                                        RoundReport(peer="a")), again)
+    done = drive(engine.targeted_origin("a", a.replica_id, 3, engine.Extensions(),
+                                        RoundReport(peer="a")), again, b)
     assert done.stop_reason == "caught up" and again.log == []
 
 
@@ -1002,16 +1021,8 @@ def test_a_full_round_fetches_first_pages_of_several_origins_side_by_side(stores
     def perform(request: Request) -> Any:
         return peer(request)
 
-    gen = pull_round(b, "a", batch_artifacts=True)
-    step = next(gen)
-    try:
-        while True:
-            steps.append(step)
-            answer = [perform(r) for r in step.requests] if isinstance(step, Batch) \
-                else perform(step)
-            step = gen.send(answer)
-    except StopIteration as stop:
-        report = stop.value
+    report = drive(batches_seen(pull_round(b.replica_id, "a", batch_artifacts=True), steps),
+                   perform, b)
     batches = [s for s in steps if isinstance(s, Batch)]
     assert [len(s.requests) for s in batches] == [engine.FIRST_PAGES_AT_ONCE]  # then 1 alone
     assert all(r.path == "/sync/ops" for s in batches for r in s.requests)
@@ -1072,17 +1083,18 @@ def test_a_failing_origin_backs_off_and_a_clean_round_clears_it(stores):
     backoff = engine.OriginBackoff(rng=random.Random(3), base=10.0, cap=40.0)
     delays = []
     for n in range(4):
-        report = drive(pull_round(b, "peer-a", held_back=backoff.held(100.0 * n)), flaky)
+        report = drive(pull_round(b.replica_id, "peer-a", held_back=backoff.held(100.0 * n)),
+                       flaky, b)
         backoff.record(report, 100.0 * n)
         count, until = backoff.failures[c.replica_id]
         delays.append(until - 100.0 * n)
         assert count == n + 1 and c.replica_id in backoff.held(100.0 * n + 1)
     assert 5 <= delays[0] <= 10 and 20 <= delays[2] <= 40 and 20 <= delays[3] <= 40
     asked = len(honest.ops_requests())
-    drive(pull_round(b, "peer-a", held_back=backoff.held(400.0)), flaky)
+    drive(pull_round(b.replica_id, "peer-a", held_back=backoff.held(400.0)), flaky, b)
     assert len(honest.ops_requests()) == asked  # held back: not even asked
     broken.clear()
-    report = drive(pull_round(b, "peer-a", held_back=backoff.held(1000.0)), flaky)
+    report = drive(pull_round(b.replica_id, "peer-a", held_back=backoff.held(1000.0)), flaky, b)
     backoff.record(report, 1000.0)
     assert report.origins[c.replica_id].applied == 2 and not backoff.failures
 
@@ -1159,10 +1171,10 @@ def test_failing_origins_that_end_a_round_are_held_back_next_round(stores):
     backoff = engine.OriginBackoff(rng=random.Random(1))
     report = RoundReport(peer="peer-a")
     with pytest.raises(PeerTransientError):
-        drive(pull_round(b, "peer-a", report=report), peer)
+        drive(pull_round(b.replica_id, "peer-a", report=report), peer, b)
     backoff.record(report, 0.0)
     assert set(backoff.held(1.0)) == set(bad)
-    again = drive(pull_round(b, "peer-a", held_back=backoff.held(1.0)), peer)
+    again = drive(pull_round(b.replica_id, "peer-a", held_back=backoff.held(1.0)), peer, b)
     assert again.origins[good].applied == 2
 
 

@@ -16,8 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from logsync.cli import cli
+from logsync.effects import ApplyPage
 from logsync.sim import parse_scenario, run_scenario
-from logsync.sim.node import StoreView
+from logsync.sim.driver import Driver
 
 SMALL = """
 name = "small"
@@ -219,12 +220,14 @@ tamper = ["fork"]
 def test_the_checks_catch_a_store_that_skips_an_op(monkeypatch: pytest.MonkeyPatch) -> None:
     """Invariant 1 is checked as the run goes: a store that drops the first op of a page
     (leaving a hole below what it then holds) is caught at that apply."""
-    real = StoreView.apply_remote
+    real = Driver._perform
 
-    def lossy(self: StoreView, events: list[dict], artifacts: list[dict]) -> Any:
-        return real(self, events[1:] if len(events) > 1 else events, artifacts)
+    def lossy(self: Driver, node: Any, effect: Any, source: str) -> Any:
+        if isinstance(effect, ApplyPage) and len(effect.events) > 1:
+            effect = ApplyPage(effect.events[1:], effect.artifacts)
+        return real(self, node, effect, source)
 
-    monkeypatch.setattr(StoreView, "apply_remote", lossy)
+    monkeypatch.setattr(Driver, "_perform", lossy)
     report = run_scenario(small())
     assert any(v.invariant == 1 for v in report.violations), report.text()
 

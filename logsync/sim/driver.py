@@ -24,20 +24,30 @@ decides nothing itself:
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from logsync import engine
+from logsync import effects, engine
+from logsync.effects import STORE_EFFECTS, ApplyPage, ReadVector
 from logsync.errors import PeerError, PeerProtocolError, PeerTransientError
 from logsync.fetchpolicy import FetchPolicy, prefetch_guess, request_key
 from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop, TargetedRound
 from logsync.sim.clock import US, to_s, to_us
 from logsync.sim.network import Message
-from logsync.sim.node import PeerLink, SimNode, SimulatedCrash
+from logsync.sim.node import PeerLink, SimNode
 
 if TYPE_CHECKING:
     from logsync.sim.runner import Simulation
+
+
+class SimulatedCrash(BaseException):
+    """Raised inside an apply transaction to model power loss; never caught by the store."""
+
+
+def _crash_after(items: Iterable[Any]) -> Iterator[Any]:
+    yield from items
+    raise SimulatedCrash("power lost while applying a page")
 
 
 @dataclass
@@ -171,7 +181,7 @@ class Driver:
         if isinstance(plan, FullRound):
             run = Run(node, link, "full", report, now_us)
             run.flows = [Flow(engine.pull_round(
-                node.view.pulling_from(link.name), link.name, page_limit=self.spec.page_limit,
+                node.replica_id, link.name, page_limit=self.spec.page_limit,
                 use_extensions=self.spec.extensions, batch_artifacts=True, report=report,
                 held_back=plan.held_back))]
         else:
@@ -194,38 +204,67 @@ class Driver:
     def _origin_flow(self, node: SimNode, link: PeerLink, run: Run, plan: TargetedRound,
                      origin: str, top: int) -> Flow:
         gen = engine.targeted_origin(  # the daemon's targeted pull, as client.run_targeted runs it
-            node.view.pulling_from(link.name), link.name, origin, top, plan.extensions,
-            run.report,
+            link.name, origin, top, plan.extensions, run.report,
             page_limit=self.spec.page_limit, batch_artifacts=True, held=node.vv.get(origin, 0),
         )
         return Flow(gen, origin=origin)
 
     def _advance(self, run: Run, flow: Flow, value: Any = None,
                  exc: BaseException | None = None, first: bool = False) -> None:
+        """Step the round: store effects are performed here at once (no virtual time
+        passes), until it asks for the network or ends."""
         node = run.node
-        try:
-            if first:
-                step = next(flow.gen)
-            elif exc is not None:
-                step = flow.gen.throw(exc)
-            else:
-                step = flow.gen.send(value)
-        except StopIteration:
-            self._flow_done(run, flow)
-            return
-        except PeerError as error:
-            self._fail(run, error)
-            return
-        except SimulatedCrash:
-            run.over = True
-            self.sim.crash_mid_apply(node)
-            return
-        except Exception as error:  # the engine must only ever raise PeerError
-            self.sim.violation(6, f"{node.name}: the engine raised {type(error).__name__} "
-                               f"({error}) pulling from {run.link.name}")
-            self._fail(run, PeerProtocolError(str(error), peer=run.link.name))
-            return
+        while True:
+            try:
+                if first:
+                    step, first = next(flow.gen), False
+                elif exc is not None:
+                    step = flow.gen.throw(exc)
+                else:
+                    step = flow.gen.send(value)
+            except StopIteration:
+                self._flow_done(run, flow)
+                return
+            except PeerError as error:
+                self._fail(run, error)
+                return
+            except Exception as error:  # the engine must only ever raise PeerError
+                self.sim.violation(6, f"{node.name}: the engine raised {type(error).__name__} "
+                                   f"({error}) pulling from {run.link.name}")
+                self._fail(run, PeerProtocolError(str(error), peer=run.link.name))
+                return
+            if not isinstance(step, STORE_EFFECTS):
+                break
+            value, exc = None, None
+            try:
+                value = self._perform(node, step, run.link.name)
+            except SimulatedCrash:
+                run.over = True
+                self.sim.crash_mid_apply(node)
+                return
+            except Exception as error:  # noqa: BLE001 - thrown in: the round decides
+                exc = error
         self._issue(run, flow, step)
+
+    def _perform(self, node: SimNode, effect: Any, source: str) -> Any:
+        """One store effect on the node's real store; an apply may be armed to crash
+        inside its transaction (it never commits, as after a `kill -9`)."""
+        if isinstance(effect, ReadVector):
+            return node.stored_vector()  # the node's mirror of the store's vector
+        if not isinstance(effect, ApplyPage):
+            return effects.perform(node.store_or_fail(), effect)
+        store = node.store_or_fail()
+        if node.crash_on_apply:
+            node.crash_on_apply = False
+            self.sim.trace.fault(f"crash {node.name} inside an apply transaction "
+                                 f"({len(effect.events)} ops, {len(effect.artifacts)} artifacts)")
+            store.apply_remote(effect.events, _crash_after(effect.artifacts))  # type: ignore[arg-type]
+        try:
+            result = store.apply_remote(effect.events, effect.artifacts)
+        finally:
+            node.store_changed()
+        node.after_apply(effect.events, effect.artifacts, result, source)
+        return result
 
     def _issue(self, run: Run, flow: Flow, step: Any) -> None:
         requests = step.requests if isinstance(step, engine.Batch) else (step,)

@@ -6,10 +6,9 @@ invariants after every step without re-reading SQLite; the mirrors are
 compared with the store itself at every checkpoint, so a wrong mirror is
 itself reported.
 
-`StoreView` is what the engine is given as its store: every call goes straight
-to the real `Store`; `apply_remote` additionally records what arrived and can
-be armed to crash inside the apply transaction (the transaction never
-commits, as after a `kill -9`).
+The driver performs the rounds' store effects on the node's real `Store` and
+tells the node what each applied page added (`after_apply`); `crash_on_apply`
+arms the driver to crash the next apply inside its transaction.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import bisect
 import shutil
 from collections import deque
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,10 +31,6 @@ if TYPE_CHECKING:
     from logsync.sim.runner import Simulation
 
 
-class SimulatedCrash(BaseException):
-    """Raised inside an apply transaction to model power loss; never caught by the store."""
-
-
 @dataclass
 class Ask:
     """An open ask addressed to one of this node's agents, as the agent saw it arrive."""
@@ -47,51 +41,6 @@ class Ask:
     correlation_id: str | None
     stream: str
     room: str
-
-
-def _crash_after(items: Iterable[Any]) -> Iterator[Any]:
-    yield from items
-    raise SimulatedCrash("power lost while applying a page")
-
-
-class StoreView:
-    """The store as the engine sees it (engine.StoreLike), with the node's bookkeeping."""
-
-    def __init__(self, node: SimNode, source: str | None = None) -> None:
-        self._node = node
-        self.source = source
-
-    def pulling_from(self, peer: str) -> StoreView:
-        """The same view, naming the peer whose pages it applies (for notifications)."""
-        return StoreView(self._node, peer)
-
-    @property
-    def replica_id(self) -> str:
-        return self._node.replica_id
-
-    def version_vector(self) -> dict[str, int]:
-        return self._node.stored_vector()
-
-    def own_seen_top(self) -> int:
-        return self._node.store_or_fail().own_seen_top()
-
-    def missing_artifacts(self, ids: Iterable[str]) -> list[str]:
-        return self._node.store_or_fail().missing_artifacts(ids)
-
-    def apply_remote(self, events: list[dict], artifacts: list[dict]) -> Any:
-        node = self._node
-        store = node.store_or_fail()
-        if node.crash_on_apply:
-            node.crash_on_apply = False
-            node.sim.trace.fault(f"crash {node.name} inside an apply transaction "
-                                 f"({len(events)} ops, {len(artifacts)} artifacts)")
-            store.apply_remote(events, _crash_after(artifacts))  # type: ignore[arg-type]
-        try:
-            result = store.apply_remote(events, artifacts)
-        finally:
-            node.store_changed()
-        node.after_apply(events, artifacts, result, self.source)
-        return result
 
 
 @dataclass
@@ -117,7 +66,6 @@ class SimNode:
         self.agents = agents
         self.store: Store | None = None
         self._vector: dict[str, int] | None = None
-        self.view = StoreView(self)
         self.up = False
         self.incarnation = 0
         self.pulls_from: list[str] = []
@@ -232,7 +180,7 @@ class SimNode:
                 event["id"], event["from_agent"], event["to_agent"],
                 event["correlation_id"], event["stream"], event["room"]))
 
-    # ── remote applies (the engine calls these through StoreView) ─────
+    # ── remote applies (the driver calls this after each ApplyPage) ────
 
     def after_apply(self, events: list[dict], artifacts: list[dict], result: Any,
                     source: str | None = None) -> None:
