@@ -9,7 +9,6 @@ or anything else that differs between machines.
 from __future__ import annotations
 
 import hashlib
-from collections import deque
 from typing import TextIO
 
 from logsync.sim.clock import VirtualClock, stamp
@@ -20,13 +19,12 @@ _FLUSH = 2000
 class Trace:
     """Lines are `<virtual microseconds> <category> <text>`, hashed in batches."""
 
-    def __init__(self, clock: VirtualClock, sink: TextIO | None = None, tail: int = 200) -> None:
+    def __init__(self, clock: VirtualClock, sink: TextIO | None = None) -> None:
         self._clock = clock
         self._hash = hashlib.sha256()
         self._sink = sink
         self._pending: list[str] = []
         self.lines = 0
-        self.tail: deque[str] = deque(maxlen=tail)
         self.faults: list[str] = []
 
     def log(self, category: str, text: str) -> None:
@@ -42,7 +40,6 @@ class Trace:
         if self._sink is not None:
             self._sink.write(chunk)
         self.lines += len(self._pending)
-        self.tail.extend(self._pending)
         self._pending.clear()
 
     def fault(self, text: str) -> None:
@@ -53,7 +50,3 @@ class Trace:
     def digest(self) -> str:
         self._flush()
         return self._hash.hexdigest()
-
-    def last_lines(self) -> list[str]:
-        self._flush()
-        return list(self.tail)

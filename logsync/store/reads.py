@@ -138,11 +138,6 @@ class Reads:
         rows = self._read("SELECT id FROM events ORDER BY rowid DESC LIMIT 1")
         return rows[0]["id"] if rows else None
 
-    def max_seq(self) -> int:
-        """The newest local arrival cursor (0 when empty): a cheap change probe."""
-        rows = self._read("SELECT coalesce(max(rowid), 0) FROM events")
-        return int(rows[0][0])
-
     def events_after_seq(self, seq: int, limit: int = MAX_LIST_LIMIT) -> list[dict[str, Any]]:
         """Events with a local seq above `seq`, in arrival order (stream tailing)."""
         rows = self._read(
