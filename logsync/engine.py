@@ -52,18 +52,15 @@ when to pull is `logsync/schedule.py`. Both are re-exported here.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Collection, Generator, Mapping
+from collections.abc import Collection, Generator, Mapping
 from typing import Any
 
 from logsync.effects import (
-    STORE_EFFECTS,
     ApplyPage,
     MissingArtifacts,
     ReadOwnSeen,
     ReadVector,
     StoreLike,
-    perform,
 )
 from logsync.errors import (
     PeerAuthError,
@@ -113,8 +110,8 @@ __all__ = [  # the round, and what it re-exports from wire and schedule
     "STOP_FAILED", "STOP_SHORT", "STOP_STORE", "TRANSIENT_ORIGINS_TO_GIVE_UP",
     "UPSTREAM_PAGE_LIMIT", "Batch", "Extensions", "OriginBackoff", "OriginProgress",
     "PeerVector", "PullSchedule", "Request", "RoundReport", "Step", "StoreLike",
-    "check_artifact_answer", "check_page", "choose_targets", "drive", "error_kind",
-    "missing_ranges", "obtain_artifacts", "page_bound", "parse_extensions",
+    "check_artifact_answer", "check_page", "choose_targets", "error_kind",
+    "missing_ranges", "obtain_artifacts", "parse_extensions",
     "parse_vector_answer", "pull_origin", "pull_round", "referenced_artifacts",
     "targeted_origin",
 ]
@@ -259,11 +256,6 @@ def _effective_limit(page_limit: int | None, ext: Extensions) -> int:
     if not isinstance(page_limit, int) or isinstance(page_limit, bool) or page_limit < 1:
         raise ValidationError(f"page_limit={page_limit!r} must be a positive integer")
     return min(page_limit, ext.max_page_limit)
-
-
-def page_bound(after: int, top: int, limit: int) -> int:
-    """Most `/sync/ops` pages one origin can take in a round (see rule 5)."""
-    return math.ceil((top - after) / limit) + 1
 
 
 def pull_origin(
@@ -438,33 +430,3 @@ def _apply_page(
         progress.stop_reason = f"{STOP_STORE}: {result.stopped[progress.origin]}"
     else:
         progress.reached = max(progress.reached, events[-1]["origin_seq"])
-
-
-def drive(round_gen: Generator[Step, Any, Any], perform_request: Callable[[Request], Any],
-          store: StoreLike) -> Any:
-    """Run a round with a synchronous `perform_request(Request) -> answer` and a store
-    (its effects performed by `effects.perform`); what either raises is thrown into
-    the round. For tests and simple callers."""
-    try:
-        step = next(round_gen)
-        while True:
-            try:
-                if isinstance(step, STORE_EFFECTS):
-                    answer: Any = perform(store, step)
-                elif isinstance(step, Batch):
-                    answer = [_outcome(perform_request, r) for r in step.requests]
-                else:
-                    answer = perform_request(step)
-            except Exception as exc:  # noqa: BLE001 - the round decides what it means
-                step = round_gen.throw(exc)
-                continue
-            step = round_gen.send(answer)
-    except StopIteration as stop:
-        return stop.value
-
-
-def _outcome(perform_request: Callable[[Request], Any], request: Request) -> Any:
-    try:
-        return perform_request(request)
-    except PeerError as exc:
-        return exc
