@@ -94,12 +94,13 @@ from logsync.wire import (
     UPSTREAM_PAGE_LIMIT,
     Batch,
     Extensions,
+    OpsPage,
     PeerVector,
     Request,
     Step,
-    check_artifact_answer,
-    check_page,
+    parse_artifact_answer,
     parse_extensions,
+    parse_page,
     parse_vector_answer,
 )
 
@@ -110,7 +111,7 @@ __all__ = [  # the round, and what it re-exports from wire and schedule
     "STOP_FAILED", "STOP_SHORT", "STOP_STORE", "TRANSIENT_ORIGINS_TO_GIVE_UP",
     "UPSTREAM_PAGE_LIMIT", "Batch", "Extensions", "OriginBackoff", "OriginProgress",
     "PeerVector", "PullSchedule", "Request", "RoundReport", "Step", "StoreLike",
-    "check_artifact_answer", "check_page", "choose_targets", "error_kind",
+    "OpsPage", "choose_targets", "error_kind", "parse_artifact_answer", "parse_page",
     "missing_ranges", "obtain_artifacts", "parse_extensions",
     "parse_vector_answer", "pull_origin", "pull_round", "referenced_artifacts",
     "targeted_origin",
@@ -286,15 +287,15 @@ def pull_origin(
             else:
                 report.requests += 1
                 answer = yield _page_request(progress, ext, asked)
-            events, inline = check_page(answer, peer, progress.origin, progress.reached,
-                                        asked, inline_asked=ext.inline_artifacts)
+            page = parse_page(answer, peer, progress.origin, progress.reached, asked,
+                              inline_asked=ext.inline_artifacts)
             progress.pages += 1
-            if not events:
+            if not page.events:
                 progress.stop_reason = _stop_reason_for_empty(progress)
                 break
-            artifacts = yield from obtain_artifacts(peer, events, inline, ext, progress,
+            artifacts = yield from obtain_artifacts(peer, page, ext, progress,
                                                     batch_artifacts, report)
-            yield from _apply_page(peer, events, artifacts, progress)
+            yield from _apply_page(peer, page, artifacts, progress)
         except PeerTooLargeError as exc:
             if limit > 1:
                 limit = max(1, limit // 2)  # ask again for less
@@ -305,9 +306,9 @@ def pull_origin(
             _origin_failed(progress, report, exc)
             break
         report.transient_streak = 0
-        report.ops_budget -= len(events)
+        report.ops_budget -= len(page.events)
         if not progress.stop_reason:
-            progress.stop_reason = _stop_reason_after_page(progress, len(events), asked,
+            progress.stop_reason = _stop_reason_after_page(progress, len(page.events), asked,
                                                            ext.page_budget)
     return progress
 
@@ -372,8 +373,7 @@ def referenced_artifacts(events: list[dict]) -> list[str]:
 
 def obtain_artifacts(
     peer: str,
-    events: list[dict],
-    inline: dict[str, dict],
+    page: OpsPage,
     ext: Extensions,
     progress: OriginProgress,
     batch: bool,
@@ -381,10 +381,10 @@ def obtain_artifacts(
 ) -> Generator[Step, Any, list[dict]]:
     """The artifacts the page names that the store lacks: inline ones first, the
     rest one `/sync/artifact` request each (404 = absent, left to the store)."""
-    wanted = referenced_artifacts(events)
+    wanted = referenced_artifacts(page.events)
     missing = list((yield MissingArtifacts(tuple(wanted)))) if wanted else []
-    found = [inline[i] for i in missing if i in inline]
-    to_fetch = [i for i in missing if i not in inline]
+    found = [page.inline[i] for i in missing if i in page.inline]
+    to_fetch = [i for i in missing if i not in page.inline]
     requests = [
         Request("/sync/artifact", {"id": i}, accept_msgpack=ext.msgpack, missing_ok=True)
         for i in to_fetch
@@ -401,7 +401,7 @@ def obtain_artifacts(
     for artifact_id, answer in zip(to_fetch, answers, strict=True):
         if isinstance(answer, PeerError):
             raise answer
-        artifact = check_artifact_answer(answer, peer, artifact_id)
+        artifact = parse_artifact_answer(answer, peer, artifact_id)
         if artifact is None:
             progress.artifacts_missing += 1
         else:
@@ -410,11 +410,11 @@ def obtain_artifacts(
 
 
 def _apply_page(
-    peer: str, events: list[dict], artifacts: list[dict], progress: OriginProgress,
+    peer: str, page: OpsPage, artifacts: list[dict], progress: OriginProgress,
 ) -> Generator[ApplyPage, Any, None]:
     """One transaction for the page; fold the ApplyResult into the progress."""
     try:
-        result = yield ApplyPage(events, artifacts)
+        result = yield ApplyPage(page.events, artifacts)
     except ValidationError as exc:
         raise PeerProtocolError(
             f"peer {peer}: page for origin {progress.origin} was refused by the store: {exc}",
@@ -429,4 +429,4 @@ def _apply_page(
         progress.reached = max(progress.reached, result.high_water.get(progress.origin, 0))
         progress.stop_reason = f"{STOP_STORE}: {result.stopped[progress.origin]}"
     else:
-        progress.reached = max(progress.reached, events[-1]["origin_seq"])
+        progress.reached = max(progress.reached, page.last_seq)

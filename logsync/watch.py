@@ -11,7 +11,6 @@ forged frame costs at most one extra request.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import ssl
@@ -22,9 +21,8 @@ import httpx
 
 from logsync import __version__
 from logsync.answers import ACCEPT_ENCODING, encoding_problem
-from logsync.ids import is_replica_id
-from logsync.model import MAX_SEQ
 from logsync.peers import redact_url
+from logsync.wire import ChangeFrame
 
 log = logging.getLogger("logsync.watch")
 
@@ -114,16 +112,7 @@ async def bounded_lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterat
 
 
 def frame_position(data: str | bytes) -> tuple[str | None, int | None]:
-    """(origin_replica, origin_seq) of a frame's event; (None, None) if it has none or
-    they are not a replica id and a seq in 1..2**62 (a frame is a hint, never trusted)."""
-    try:
-        event = json.loads(data)
-    except (ValueError, RecursionError):
-        return None, None
-    if not isinstance(event, dict):
-        return None, None
-    origin, seq = event.get("origin_replica"), event.get("origin_seq")
-    if (is_replica_id(origin) and isinstance(seq, int) and not isinstance(seq, bool)
-            and 1 <= seq <= MAX_SEQ):
-        return origin, seq
-    return None, None
+    """(origin_replica, origin_seq) a frame names (`wire.ChangeFrame`); (None, None) if
+    it names none."""
+    frame = ChangeFrame.parse(data)
+    return (None, None) if frame is None else (frame.origin, frame.seq)

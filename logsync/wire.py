@@ -12,6 +12,7 @@ advertises nothing (a MemPalace hub) gets exactly the upstream requests.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,10 +156,26 @@ def _split_vector(
     return vector, skipped
 
 
-def check_page(
+@dataclass(frozen=True)
+class OpsPage:
+    """A validated `/sync/ops` answer: at most `limit` ops, all of `origin`, origin_seq
+    strictly increasing above `after`; `inline` holds the artifacts served with it (by
+    id) when they were asked for."""
+
+    origin: str
+    after: int
+    events: list[dict]
+    inline: dict[str, dict]
+
+    @property
+    def last_seq(self) -> int:
+        return self.events[-1]["origin_seq"] if self.events else self.after
+
+
+def parse_page(
     answer: object, peer: str, origin: str, after: int, limit: int, *, inline_asked: bool = False
-) -> tuple[list[dict], dict[str, dict]]:
-    """Validate one `/sync/ops` answer: (events, inline artifacts by id) or PeerProtocolError.
+) -> OpsPage:
+    """Validate one `/sync/ops` answer or raise PeerProtocolError naming the problem.
     An `artifacts` key we did not ask for is not ours to interpret and is ignored."""
     where = f"peer {peer}: /sync/ops page for origin {origin} after {after}"
 
@@ -183,7 +200,8 @@ def check_page(
                 f"integer above {previous} (strictly increasing, above 'after')"
             )
         previous = seq
-    return events, _inline_artifacts(answer.get("artifacts") if inline_asked else None, fail)
+    inline = _inline_artifacts(answer.get("artifacts") if inline_asked else None, fail)
+    return OpsPage(origin, after, events, inline)
 
 
 def _inline_artifacts(
@@ -201,7 +219,7 @@ def _inline_artifacts(
     return inline
 
 
-def check_artifact_answer(answer: object, peer: str, artifact_id: str) -> dict | None:
+def parse_artifact_answer(answer: object, peer: str, artifact_id: str) -> dict | None:
     """The artifact in a `/sync/artifact` answer, None for a 404, else PeerProtocolError."""
     if answer is None:
         return None
@@ -213,3 +231,27 @@ def check_artifact_answer(answer: object, peer: str, artifact_id: str) -> dict |
             peer=peer,
         )
     return artifact
+
+
+@dataclass(frozen=True)
+class ChangeFrame:
+    """What one change-stream frame names: an op's (origin, origin_seq). A frame is a
+    hint, never trusted: it only makes a puller ask sooner."""
+
+    origin: str
+    seq: int
+
+    @classmethod
+    def parse(cls, data: str | bytes) -> ChangeFrame | None:
+        """The frame's event position; None if it has none, or if they are not a
+        replica id and a seq in 1..MAX_SEQ."""
+        try:
+            event = json.loads(data)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(event, dict):
+            return None
+        origin, seq = event.get("origin_replica"), event.get("origin_seq")
+        if is_replica_id(origin) and _is_count(seq) and 1 <= seq <= MAX_SEQ:
+            return cls(origin, seq)
+        return None

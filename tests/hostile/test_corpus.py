@@ -12,9 +12,9 @@ import msgpack
 import pytest
 
 from logsync import hostile, model
-from logsync.engine import check_page
 from logsync.errors import PeerProtocolError, ValidationError
 from logsync.hostile import GOOD_ORIGIN, MODES, Scene, Stream
+from logsync.wire import parse_page
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -23,7 +23,7 @@ def test_every_mode_serves_the_good_origin_honestly(mode: str) -> None:
     vector = scene.answer("/sync/version_vector", {}).body["version_vector"]
     assert vector[GOOD_ORIGIN] == hostile.GOOD_COUNT
     page = scene.answer("/sync/ops", {"origin": GOOD_ORIGIN, "after": "0", "limit": "500"})
-    events, _ = check_page(page.body, "p", GOOD_ORIGIN, 0, 500)
+    events = parse_page(page.body, "p", GOOD_ORIGIN, 0, 500).events
     assert [e["origin_seq"] for e in events] == list(range(1, hostile.GOOD_COUNT + 1))
     for event in events:
         assert list(event)[: len(model.EVENT_KEYS)] == list(model.EVENT_KEYS)
@@ -59,7 +59,7 @@ def test_every_bad_page_is_refused_before_the_store(variant: str) -> None:
     origin = hostile.bad_origin(0)
     page = {"origin": origin, "events": hostile.bad_page(variant, hostile.chain(origin, 3))}
     with pytest.raises(PeerProtocolError):
-        check_page(page, "p", origin, 0, 500)
+        parse_page(page, "p", origin, 0, 500)
 
 
 def test_numeric_twins_are_equal_values_but_other_bytes() -> None:
