@@ -7,62 +7,12 @@ entry point that enforces the one-line form for click's own usage errors.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-
-import click
-
-from logsync import __version__
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--palace",
-    envvar="LOGSYNC_PALACE",
-    type=click.Path(file_okay=False),
-    help="Palace directory (env LOGSYNC_PALACE; default: a per-user data directory).",
-)
-@click.version_option(__version__, prog_name="logsync")
-@click.pass_context
-def cli(ctx: click.Context, palace: str | None) -> None:
-    """Multi-master replication for MemPalace logstream coordination logs."""
-    ctx.obj = {"palace": palace}
-
-
-def main() -> None:
-    """Entry point: every failure is one line, never a traceback (unless LOGSYNC_DEBUG)."""
-    as_json = "--json" in sys.argv[1:]
-    try:
-        code = cli.main(standalone_mode=False)
-    except click.exceptions.NoArgsIsHelpError as exc:  # bare `logsync`: the help, not an error
-        click.echo(exc.format_message())
-        sys.exit(0)
-    except click.exceptions.Abort:
-        _one_line("aborted", as_json)
-    except click.ClickException as exc:  # usage errors too: one sentence, exit 1
-        _one_line(exc.format_message(), as_json)
-    except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
-        sys.exit(130)
-    except Exception as exc:  # the last line of defence, not a control path
-        if os.environ.get("LOGSYNC_DEBUG"):
-            raise
-        _one_line(f"unexpected {type(exc).__name__}: {exc}", as_json)
-    sys.exit(code if isinstance(code, int) else 0)
-
-
-def _one_line(message: str, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps({"error": message}, ensure_ascii=False))
-    else:
-        click.echo(f"Error: {message}", err=True)
-    sys.exit(1)
-
-
 # Importing the command modules registers their commands on `cli`.
 from logsync.cli import (  # noqa: E402
     local,  # noqa: F401
     replication,  # noqa: F401
     sim,  # noqa: F401
 )
+from logsync.cli.group import cli, main
+
+__all__ = ["cli", "main"]

@@ -6,7 +6,6 @@ from typing import Any
 
 import click
 
-from logsync.cli import cli
 from logsync.cli._common import (
     EXIT_TIMEOUT,
     emit_json,
@@ -20,6 +19,7 @@ from logsync.cli._common import (
     read_text,
     write_stdout_exact,
 )
+from logsync.cli.group import cli
 from logsync.errors import NotFoundError
 from logsync.model import EVENT_STATUSES
 from logsync.store import Store

@@ -12,8 +12,8 @@ import anyio
 import click
 
 from logsync import peers as peers_mod
-from logsync.cli import cli
 from logsync.cli._common import emit_json, handles_errors, json_option, open_store, palace_of
+from logsync.cli.group import cli
 from logsync.defaults import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
 from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError

@@ -14,7 +14,6 @@ from typing import Any
 import click
 
 from logsync import views
-from logsync.cli import cli
 from logsync.cli._common import (
     EXIT_ERROR,
     emit_json,
@@ -24,6 +23,7 @@ from logsync.cli._common import (
     json_option,
     open_store,
 )
+from logsync.cli.group import cli
 
 _SEEDS_RE = re.compile(r"^\s*(\d+)\s*\.\.\s*(\d+)\s*$")
 MAX_SWEEP = 10_000
