@@ -24,21 +24,21 @@ decides nothing itself:
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterable, Iterator
+import random
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from logsync import effects, engine
 from logsync.effects import STORE_EFFECTS, ApplyPage, ReadVector
 from logsync.errors import PeerError, PeerProtocolError, PeerTransientError
 from logsync.fetchpolicy import FetchPolicy, prefetch_guess, request_key
 from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop, TargetedRound
-from logsync.sim.clock import US, to_s, to_us
-from logsync.sim.network import Message
-from logsync.sim.node import PeerLink, SimNode
-
-if TYPE_CHECKING:
-    from logsync.sim.runner import Simulation
+from logsync.sim.clock import US, VirtualClock, to_s, to_us
+from logsync.sim.network import Message, Network
+from logsync.sim.node import SimNode
+from logsync.sim.spec import Scenario
+from logsync.sim.trace import Trace
 
 
 class SimulatedCrash(BaseException):
@@ -91,11 +91,43 @@ class Run:
     over: bool = False
 
 
+@dataclass
+class PeerLink:
+    """One peer a node pulls from: the peer loop that decides (the daemon's
+    `_PeerTask.loop`), the driver's timer token and the running round."""
+
+    name: str
+    loop: PeerLoop
+    timer: int = 0
+    run: Run | None = None
+
+
+class DriverHost(Protocol):
+    """What the driver needs of its simulation (`sim.runner.Simulation`)."""
+
+    scenario: Scenario
+    clock: VirtualClock
+    rng: random.Random
+    trace: Trace
+    net: Network
+    metrics: Any  # sim.runner.Metrics: rounds, requests, bytes, conflicts seen
+
+    def schedule(self, when_us: int, fn: Callable[..., None],
+                 args: tuple[Any, ...] = ()) -> None: ...
+
+    def next_mid(self) -> int: ...
+
+    def violation(self, invariant: int, text: str) -> None: ...
+
+    def crash_mid_apply(self, node: SimNode) -> None: ...
+
+
 class Driver:
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: DriverHost) -> None:
         self.sim = sim
         self.spec = sim.scenario.sync
         self.by_mid: dict[int, tuple[Run, Flow]] = {}
+        self.links: dict[str, dict[str, PeerLink]] = {}  # node -> peer -> its link
         self.policy = FetchPolicy(attempts=self.spec.attempts, backoff=self.spec.retry_backoff,
                                   max_backoff=self.spec.retry_max)
 
@@ -104,26 +136,24 @@ class Driver:
     def start_node(self, node: SimNode) -> None:
         """A (re)started daemon: fresh peer loops, the first round due at once."""
         now = self.sim.clock.now
-        node.peers = {}
-        node.claims = Claims()
+        links = self.links[node.name] = {}
+        claims = Claims()  # the node's origins being pulled, shared by its peer loops
         for peer in node.pulls_from:
             loop = PeerLoop.make(
-                node.replica_id, node.claims, self.sim.rng, interval=self.spec.interval,
+                node.replica_id, claims, self.sim.rng, interval=self.spec.interval,
                 jitter=self.spec.jitter, debounce=self.spec.debounce,
                 backoff_base=self.spec.backoff_base, backoff_cap=self.spec.backoff_cap,
                 targeted=self.spec.mode == "targeted",
             )
             link = PeerLink(peer, loop)
-            node.peers[peer] = link
+            links[peer] = link
             loop.start(now)
             self._arm(node, link)
 
     def stop_node(self, node: SimNode) -> None:
-        for link in node.peers.values():
+        for link in self.links.pop(node.name, {}).values():
             if link.run is not None:
                 self._abandon(link.run)
-        node.peers = {}
-        node.claims = Claims()
 
     # ── timers ────────────────────────────────────────────────────────
 
@@ -138,7 +168,7 @@ class Driver:
     def _due(self, node: SimNode, link: PeerLink, token: int, incarnation: int) -> None:
         if not node.up or incarnation != node.incarnation or token != link.timer:
             return
-        if node.peers.get(link.name) is not link or link.run is not None:
+        if self.links.get(node.name, {}).get(link.name) is not link or link.run is not None:
             return
         if not link.loop.is_due(self.sim.clock.now):
             self._arm(node, link, self.sim.clock.now_us + 1)  # float rounding: one tick on
@@ -149,7 +179,7 @@ class Driver:
 
     def on_notify(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...]) -> None:
         """A frame from `peer`'s stream: the peer loop notes what it names."""
-        link = node.peers.get(peer)
+        link = self.links.get(node.name, {}).get(peer)
         if link is None:
             return
         before = link.loop.next_due
@@ -159,7 +189,7 @@ class Driver:
 
     def reconnected(self, node: SimNode, peer: str) -> None:
         """The stream from `peer` came back (a cut healed, the peer restarted)."""
-        link = node.peers.get(peer)
+        link = self.links.get(node.name, {}).get(peer)
         if link is not None:
             before = link.loop.next_due
             link.loop.frame(None, None, self.sim.clock.now)

@@ -14,21 +14,18 @@ arms the driver to crash the next apply inside its transaction.
 from __future__ import annotations
 
 import bisect
+import random
 import shutil
 from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from logsync import hlc as hlc_mod
-from logsync.peerloop import Claims, PeerLoop
-from logsync.sim.clock import NodeClock
+from logsync.sim.clock import NodeClock, VirtualClock
+from logsync.sim.trace import Trace
 from logsync.store import Store
-
-if TYPE_CHECKING:
-    from logsync.sim.driver import Run
-    from logsync.sim.runner import Simulation
 
 
 @dataclass
@@ -43,19 +40,35 @@ class Ask:
     room: str
 
 
-@dataclass
-class PeerLink:
-    """One peer this node pulls from: the peer loop that decides (the daemon's
-    `_PeerTask.loop`), the driver's timer token and the running round."""
+class NodeDriver(Protocol):
+    """What a node needs of the driver of its daemon (`sim.driver.Driver`)."""
 
-    name: str
-    loop: PeerLoop
-    timer: int = 0
-    run: Run | None = None
+    def start_node(self, node: SimNode) -> None: ...
+
+    def stop_node(self, node: SimNode) -> None: ...
+
+
+class NodeHost(Protocol):
+    """What a node needs of its simulation (`sim.runner.Simulation`), and no more: the
+    node holds this, not a back-reference to the runner."""
+
+    clock: VirtualClock
+    rng: random.Random
+    trace: Trace
+    metrics: Any  # sim.runner.Metrics: the counters a node adds to
+    registry: Any  # sim.runner.Registry: where authored and arrived ops are recorded
+    driver: NodeDriver
+
+    def violation(self, invariant: int, text: str) -> None: ...
+
+    def notify_change(self, node: SimNode, tops: tuple[tuple[str, int], ...],
+                      source: str | None = None) -> None: ...
+
+    def maybe_replay(self, node: SimNode) -> None: ...
 
 
 class SimNode:
-    def __init__(self, sim: Simulation, name: str, replica_id: str, directory: Path,
+    def __init__(self, sim: NodeHost, name: str, replica_id: str, directory: Path,
                  skew_ms: int, logsync: bool, agents: list[str]) -> None:
         self.sim = sim
         self.name = name
@@ -70,11 +83,9 @@ class SimNode:
         self.incarnation = 0
         self.pulls_from: list[str] = []
         self.subscribers: list[str] = []
-        self.peers: dict[str, PeerLink] = {}
         self.vv: dict[str, int] = {}
         self.hlcs: list[str] = []
         self.inbox: dict[str, list[Ask]] = {}
-        self.claims = Claims()  # origins being pulled (any peer), shared by the peer loops
         self.crash_on_apply = False
         self.serve_delay_us = 0
         self.byzantine: tuple[float, tuple[str, ...]] | None = None
