@@ -362,6 +362,21 @@ def test_a_budgeted_page_reads_in_bounded_batches(budget_store: Store) -> None:
 
 # ── one answer, three transports ─────────────────────────────────────
 
+
+def test_the_server_answers_an_unencodable_artifact_500_not_400(store: Store) -> None:
+    """Encoding is the server's part: an answer it holds but cannot encode is its fault
+    (500, one sentence), never the client's 400."""
+    art = store.put_artifact("note", "n", "alice")
+    deep: Any = 1
+    for _ in range(5000):
+        deep = [deep]
+    real = store.get_artifact
+    store.get_artifact = lambda i: {**real(i), "metadata": deep}  # type: ignore[method-assign]
+    got = _from_server(store, [("/sync/artifact", {"id": art["id"]})])
+    assert got == [(500, {"error": "the answer to /sync/artifact cannot be encoded "
+                                   "(the payload nests too deeply to encode as JSON)"})]
+
+
 TOKEN = "secret"
 ENVIRONMENT = ("profile", "profiles")  # the server's node description (clock, platform)
 
