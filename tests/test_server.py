@@ -608,7 +608,7 @@ async def test_factory_store_is_opened_lazily_and_closed_at_shutdown(tmp_path: P
         opened.append(Store.open(tmp_path / "lazy"))
         return opened[-1]
 
-    app = create_app(factory, token=TOKEN)
+    app = create_app(store_factory=factory, token=TOKEN)
     assert opened == []
     async with client(app, **AUTH) as c:
         assert (await c.get("/sync/version_vector")).status_code == 200

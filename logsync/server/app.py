@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
 
 import anyio
 from starlette.applications import Starlette
@@ -19,7 +18,9 @@ from logsync.server.common import (
     UPSTREAM_PAGE,
     HealthProbe,
     PeerStateProvider,
+    ServedStore,
     Settings,
+    StoreFactory,
     _Server,
     is_loopback_host,
 )
@@ -44,8 +45,9 @@ from logsync.wire import (
 
 
 def create_app(
-    store: Any,
+    store: ServedStore | None = None,
     *,
+    store_factory: StoreFactory | None = None,
     token: str | None = None,
     peer_state_provider: PeerStateProvider | None = None,
     bind_host: str = "127.0.0.1",
@@ -68,7 +70,8 @@ def create_app(
     body_timeout_s: float = 10.0,
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
 ) -> Starlette:
-    """Build the ASGI app over a ``Store`` (or a zero-argument factory opening one).
+    """Build the ASGI app over a ``Store``, or over ``store_factory``, a zero-argument
+    callable that opens one on first use (the app then closes it).
 
     ``port=None`` accepts any port in a pinned Host header (for a port-0 bind). The Host
     pin applies only when ``bind_host`` is loopback, as upstream. ``app.state.notifier``
@@ -116,7 +119,7 @@ def create_app(
         body_timeout_s=float(body_timeout_s),
         max_page_bytes=max_page_bytes,
     )
-    server = _Server(store, settings, notifier)
+    server = _Server(store, store_factory, settings, notifier)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

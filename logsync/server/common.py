@@ -6,10 +6,10 @@ import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import msgpack
@@ -128,10 +128,38 @@ class Settings:
     body_timeout_s: float = 10.0
 
 
+class ServedStore(Protocol):
+    """What the server reads of `logsync.store.Store` (the responder's reads included)."""
+
+    @property
+    def replica_id(self) -> str: ...
+
+    def version_vector(self) -> dict[str, int]: ...
+
+    def list_ops(self, origin: str, after: int = 0, limit: int = 500, *,
+                 max_limit: int = 500) -> list[dict]: ...
+
+    def get_artifact(self, artifact_id: str) -> dict | None: ...
+
+    def get_artifacts(self, ids: Iterable[str]) -> list[dict]: ...
+
+    def list_events(self, **filters: Any) -> list[dict]: ...
+
+    def latest_event_id(self) -> str | None: ...
+
+    def counts(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+StoreFactory = Callable[[], ServedStore]
+
+
 class _Server:
     """Everything the routes share: the store, the policy, SSE slots, metrics."""
 
-    def __init__(self, store: Any, settings: Settings, notifier: ChangeNotifier | None) -> None:
+    def __init__(self, store: ServedStore | None, factory: StoreFactory | None,
+                 settings: Settings, notifier: ChangeNotifier | None) -> None:
         self.cfg = settings
         self.profile = Profile(
             max_page=settings.max_page,
@@ -139,10 +167,10 @@ class _Server:
             inline_artifact_bytes=settings.inline_artifact_bytes,
         )
         self._store_lock = threading.Lock()
-        if hasattr(store, "version_vector"):
-            self._store, self._factory, self.owns_store = store, None, False
-        else:
-            self._store, self._factory, self.owns_store = None, store, True
+        if (store is None) == (factory is None):
+            raise ValueError("create_app takes a store or a store_factory, one of the two")
+        # A store handed in belongs to the caller; one the factory opens, to this app.
+        self._store, self._factory, self.owns_store = store, factory, store is None
         self.notifier = notifier or ChangeNotifier()
         self.probe = _LatestProbe(self, settings.sse_poll_s)
         self.sse_clients = 0
@@ -172,6 +200,7 @@ class _Server:
         """The store, opened on first use when a factory was given (call from a thread)."""
         with self._store_lock:
             if self._store is None:
+                assert self._factory is not None
                 self._store = self._factory()
             return self._store
 

@@ -19,8 +19,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
 
 import anyio
 from starlette.requests import Request
@@ -28,9 +28,6 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from logsync.errors import StoreError
-
-if TYPE_CHECKING:
-    from logsync.server.common import _Server
 
 logger = logging.getLogger("logsync.server")
 
@@ -102,6 +99,31 @@ class ChangeNotifier:
         return self._generation
 
 
+class StreamSettings(Protocol):
+    """The stream's settings (part of `common.Settings`)."""
+
+    sse_send_timeout_s: float
+    sse_heartbeat_s: float
+    sse_poll_s: float
+
+
+class StreamHost(Protocol):
+    """What the change stream needs of the server's shared state (`common._Server`); the
+    stream holds this, so it never imports the module that imports it."""
+
+    cfg: StreamSettings
+    notifier: ChangeNotifier
+    probe: _LatestProbe
+
+    async def run(self, fn: Callable[[Any], Any]) -> Any: ...
+
+    def acquire_slot(self, host: str = "") -> str | None: ...
+
+    def release_slot(self, host: str = "") -> None: ...
+
+    def shutting_down(self) -> bool: ...
+
+
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
         return asyncio.get_running_loop()
@@ -112,7 +134,7 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 class _LatestProbe:
     """The newest event id, looked up at most once per interval for all streams."""
 
-    def __init__(self, server: _Server, interval: float) -> None:
+    def __init__(self, server: StreamHost, interval: float) -> None:
         self._server = server
         self._interval = interval
         self._value: str | None = None
@@ -151,7 +173,7 @@ def _client_host(scope: Scope) -> str:
 
 async def logstream_stream(request: Request) -> Response:
     """Validate filters and cursor (400 before any slot is taken), then stream."""
-    srv: _Server = request.app.state.logsync
+    srv: StreamHost = request.app.state.logsync
     query = request.query_params
     filters = {key: (query.get(key) or None) for key in SSE_FILTERS}
     cursor = query.get("since_event_id") or request.headers.get("last-event-id") or None
@@ -173,7 +195,8 @@ class _SendTimeout(Exception):
 class _EventStream(Response):
     """One SSE client: takes a slot, streams, and frees the slot the moment it leaves."""
 
-    def __init__(self, srv: _Server, filters: dict, cursor: str | None, latest: str | None) -> None:
+    def __init__(self, srv: StreamHost, filters: dict, cursor: str | None,
+                 latest: str | None) -> None:
         super().__init__(status_code=200)
         self.srv, self.filters, self.cursor, self.latest = srv, filters, cursor, latest
 
