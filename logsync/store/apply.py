@@ -1,34 +1,27 @@
 """Applying a page of remote ops: DESIGN.md invariants 1-6 in one transaction.
 
-Per origin, ops are taken in origin_seq order and each is classified:
-insert, duplicate (identical content under the same key), conflict (the
-same key or id with different content, an op forged under our own origin,
-or a new op below the origin's high-water mark) or quarantine (fails
-validation, or names an artifact not present). A conflict never
-overwrites; a quarantined op or an id collision stops only its origin for
-the rest of the call. Conflicts and quarantine rows are deduplicated by a
-digest, and seeing them again bumps a counter.
-
-An op that fails validation is quarantined and stops its origin before any check. A
-valid op then meets the checks of `APPLY_CHECKS`, in this order; the first that answers
-decides, and an op no check answers is inserted. The order is part of the spec (the
-kinds are RFC 004 §5.5-5.6): an op we already hold is a duplicate although its id is
+Artifacts first (an artifact id held with other content is an `artifact` conflict). Then,
+per origin, ops are taken in origin_seq order. An op that fails validation is quarantined
+and stops its origin. A valid op meets the checks of `APPLY_CHECKS` in this order, and
+the first that answers decides (none answers: the op is inserted). The order is part of
+the spec (the kinds are RFC 004 §5.5-5.6): an op we hold is a duplicate although its id is
 held too, a fork although it may also sit below the high-water mark, and so on down.
 
-  1. duplicate         (origin, origin_seq) held, or earlier in this call, same content
-                       -> skip (counted as a duplicate)
-  2. fork              (origin, origin_seq) held, or earlier in this call, other content
-                       -> conflict, skip
-  3. forged_origin     claims our origin, and is not an op of ours we lost (at or below
-                       our top, or stamped beyond the drift bound) -> conflict, skip
-  4. id_collision      its id is held, or applied earlier in this call, under another key
-                       -> conflict, skip, stop the origin
-  5. history_rewrite   origin_seq at or below the origin's high-water mark, never held
-                       -> conflict, skip
-  6. missing_artifact  names an artifact that is neither stored nor in this call
-                       -> quarantine, stop the origin
-  7. restored_replica  claims our origin (and passed 3: an op of ours we lost)
-                       -> conflict recorded, and the op is inserted (recovered)
+  1. duplicate         (origin, origin_seq) held or earlier in this call, same content: skip
+  2. fork              (origin, origin_seq) held or earlier in this call, other content:
+                       conflict, skip
+  3. forged_origin     claims our origin and is not an op of ours we lost (at or below our
+                       top, or stamped beyond the drift bound): conflict, skip
+  4. id_collision      its id is held, or applied in this call, under another key: conflict,
+                       stop the origin
+  5. history_rewrite   origin_seq at or below the origin's high-water mark, never held:
+                       conflict, skip
+  6. missing_artifact  names an artifact neither stored nor in this call: quarantine, stop
+  7. restored_replica  claims our origin (an op of ours we lost, as 3 let it by): conflict,
+                       and the op is inserted (recovered)
+
+A conflict never overwrites; a stop holds only that origin for the rest of the call.
+Conflict and quarantine rows are deduplicated by a digest; seeing one again bumps a counter.
 """
 
 from __future__ import annotations
@@ -111,17 +104,12 @@ def apply_page(
         state.links,
     )
     record_ledgers(conn, state)
-    result = ApplyResult(
-        applied=len(state.events),
-        duplicates=state.duplicates,
-        conflicts=len(state.conflicts),
-        quarantined=len(state.quarantine),
-        artifacts_applied=state.artifacts_applied,
-        high_water=state.high_water,
-        stopped=state.stopped,
-        applied_per_origin=state.per_origin,
+    return ApplyResult(
+        applied=len(state.events), duplicates=state.duplicates,
+        conflicts=len(state.conflicts), quarantined=len(state.quarantine),
+        artifacts_applied=state.artifacts_applied, high_water=state.high_water,
+        stopped=state.stopped, applied_per_origin=state.per_origin,
     )
-    return result
 
 
 @dataclass(slots=True)
@@ -160,30 +148,15 @@ class _Applier:
         for art_id, art in valid.items():
             have = existing.get(art_id)
             if have is None:
-                rows.append(
-                    (
-                        art_id,
-                        art["kind"],
-                        art["sha256"],
-                        art["size_bytes"],
-                        art["content"],
-                        art["created_by"],
-                        art["created_at"],
-                        art["metadata_json"],
-                        art["origin_replica"],
-                    )
-                )
+                rows.append((
+                    art_id, art["kind"], art["sha256"], art["size_bytes"], art["content"],
+                    art["created_by"], art["created_at"], art["metadata_json"],
+                    art["origin_replica"],
+                ))
             elif not same_artifact(have, art):
-                _conflict(
-                    state,
-                    "artifact",
-                    art_id,
-                    None,
-                    None,
-                    "an artifact with this id but different content is already stored",
-                    artifact_dict(have),
-                    artifact_wire(art),
-                )
+                _conflict(state, "artifact", art_id, None, None,
+                          "an artifact with this id but different content is already stored",
+                          artifact_dict(have), artifact_wire(art))
             state.known_artifacts.add(art_id)
         conn.executemany(INSERT_ARTIFACT, rows)
         state.artifacts_applied += len(rows)
@@ -343,27 +316,12 @@ class _Applier:
 
     def _stage_insert(self, row: dict[str, Any]) -> None:
         state = self.state
-        state.events.append(
-            (
-                row["id"],
-                row["type"],
-                row["stream"],
-                row["room"],
-                row["topic"],
-                row["from_agent"],
-                row["to_agent"],
-                row["correlation_id"],
-                row["branch"],
-                row["base_commit"],
-                row["status"],
-                row["body"],
-                row["created_at"],
-                row["metadata_json"],
-                row["origin_replica"],
-                row["origin_seq"],
-                row["hlc"],
-            )
-        )
+        state.events.append((
+            row["id"], row["type"], row["stream"], row["room"], row["topic"], row["from_agent"],
+            row["to_agent"], row["correlation_id"], row["branch"], row["base_commit"],
+            row["status"], row["body"], row["created_at"], row["metadata_json"],
+            row["origin_replica"], row["origin_seq"], row["hlc"],
+        ))
         state.links.extend((row["id"], a) for a in row["artifact_ids"])
         state.applied_ids.add(row["id"])
         origin = row["origin_replica"]
