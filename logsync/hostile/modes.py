@@ -37,8 +37,13 @@ from logsync.hostile.ops import (
     newline_type,
     overflow_seq,
 )
+from logsync.responder import SYNC_ROUTES, Profile, answer
 
 # ── one hostile peer ─────────────────────────────────────────────────
+
+# What the honest peer is: a logsync server with the advertised extensions and page.
+PROFILE = Profile(extensions=tuple(ADVERTISEMENT["extensions"]),
+                  max_page=int(ADVERTISEMENT["max_page"]))
 
 
 @dataclass
@@ -73,28 +78,27 @@ class Scene:
         out.update(self.vector_extra)
         return out
 
+    # the store the responder reads (the ops held are kept in memory: some are invalid)
+
+    def version_vector(self) -> dict[str, int]:
+        return self.vector()
+
+    def list_ops(self, origin: str, after: int = 0, limit: int = UPSTREAM_PAGE, *,
+                 max_limit: int = UPSTREAM_PAGE) -> list[dict[str, Any]]:
+        ops = [e for e in self.held.get(origin, []) if e["origin_seq"] > after]
+        return ops[: max(1, min(limit, max_limit))]
+
+    def get_artifact(self, artifact_id: str) -> dict[str, Any] | None:
+        return None
+
+    def get_artifacts(self, ids: Any) -> list[dict[str, Any]]:
+        return []
+
     def honest(self, path: str, params: Mapping[str, Any]) -> Answer:
-        if path == "/sync/version_vector":
-            return Answer(200, JSON, {"replica_id": self.replica_id,
-                                      "version_vector": self.vector(),
-                                      "logsync": dict(ADVERTISEMENT)})
-        if path == "/sync/ops":
-            origin = str(params.get("origin") or "")
-            try:
-                after = int(params.get("after", 0))
-                limit = int(params.get("limit", UPSTREAM_PAGE))
-            except (TypeError, ValueError):
-                return Answer(400, JSON, {"error": "after and limit must be integers"})
-            cap = ADVERTISEMENT["max_page"] if "large_pages" in str(params.get("ext", "")) \
-                else UPSTREAM_PAGE
-            ops = [e for e in self.held.get(origin, []) if e["origin_seq"] > after]
-            page = ops[: max(1, min(limit, cap))]
-            body: dict[str, Any] = {"origin": origin, "events": page, "count": len(page)}
-            if "inline_artifacts" in str(params.get("ext", "")):
-                body["artifacts"] = []
-            return Answer(200, JSON, body)
-        if path == "/sync/artifact":
-            return Answer(404, JSON, {"error": "no such artifact"})
+        """What an honest logsync peer holding these ops answers (`logsync.responder`)."""
+        if path in SYNC_ROUTES:
+            status, body = answer(self, path, params, profile=PROFILE)
+            return Answer(status, JSON, body)
         if path == "/logstream/stream":
             return Answer(200, SSE, Stream("sse", frames=tuple(self.stream_frames), interval=15.0))
         if path == "/healthz":

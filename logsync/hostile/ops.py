@@ -25,8 +25,7 @@ JSON = (("content-type", "application/json"),)
 MSGPACK = (("content-type", "application/msgpack"),)
 SSE = (("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache"))
 
-ADVERTISEMENT = {
-    "version": 1,
+ADVERTISEMENT = {  # the honest peer's profile (modes.PROFILE) and its page caps
     "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify"],
     "max_page": 5000,
 }
