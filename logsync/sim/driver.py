@@ -74,9 +74,7 @@ class Prefetch:
     its answer once it came."""
 
     mid: int
-    status: int | None = None
-    answer: Any = None
-    size: int = 0
+    reply: Message | None = None
 
 
 @dataclass
@@ -342,12 +340,13 @@ class Driver:
     def _adopt(self, run: Run, flow: Flow, prefetch: Prefetch) -> None:
         """The round asked for the page already prefetched: its answer, now or when it
         comes (it was sent without a timer: the request's own timer starts now)."""
-        if prefetch.status is None:
+        reply = prefetch.reply
+        if reply is None:
             flow.waiting[prefetch.mid] = 0
             self.sim.schedule(self.sim.clock.now_us + to_us(self.spec.timeout), self._timeout,
                               (run, flow, prefetch.mid))
             return
-        self._answered(run, flow, 0, prefetch.status, prefetch.answer, prefetch.size)
+        self._answered(run, flow, 0, reply.status, reply.answer, reply.retry_after)
 
     def _drop_prefetches(self, flow: Flow) -> None:
         for prefetch in flow.prefetched.values():
@@ -366,14 +365,14 @@ class Driver:
         if msg.mid not in flow.waiting:  # a prefetch the round has not asked for yet
             for prefetch in flow.prefetched.values():
                 if prefetch.mid == msg.mid:
-                    prefetch.status, prefetch.answer = msg.status, msg.answer
+                    prefetch.reply = msg
                     self.by_mid[msg.mid] = (run, flow)  # kept until taken or dropped
             return
         slot = flow.waiting.pop(msg.mid)
-        self._answered(run, flow, slot, msg.status, msg.answer, msg.size)
+        self._answered(run, flow, slot, msg.status, msg.answer, msg.retry_after)
 
     def _answered(self, run: Run, flow: Flow, slot: int, status: int, answer: Any,
-                  size: int) -> None:
+                  retry_after: float | None = None) -> None:
         request = flow.requests[slot]
         if status == 404 and request.missing_ok:
             answer = None
@@ -381,7 +380,7 @@ class Driver:
             said = answer.get("error") if isinstance(answer, dict) else answer
             error = self.policy.error_for_status(
                 status, str(said or ""), f"peer {run.link.name}: GET {request.path}",
-                run.link.name)
+                run.link.name, retry_after)
             if error is not None:
                 self._retry_or_fail(run, flow, slot, error)
                 return

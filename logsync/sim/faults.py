@@ -148,6 +148,20 @@ def _start_clock_jump(ctx: FaultContext, fault: Fault, until: float) -> None:
     node.clock.jump(int(round(fault.by * 1000)))
 
 
+def _start_overload(ctx: FaultContext, fault: Fault, until: float) -> None:
+    """The node answers every /sync/* request 503, with a Retry-After if one is set:
+    pullers must retry as the client does (FetchPolicy) and honour the hint."""
+    node = ctx.nodes[fault.node or ""]
+    node.overload = (fault.retry_after or None,)
+    ctx.schedule(to_us(until), _end_overload, (ctx, node))
+
+
+def _end_overload(ctx: FaultContext, node: SimNode) -> None:
+    if node.overload is not None:
+        node.overload = None
+        ctx.trace.fault(f"{node.name} is no longer overloaded")
+
+
 def _start_slow(ctx: FaultContext, fault: Fault, until: float) -> None:
     node = ctx.nodes[fault.node or ""]
     node.serve_delay_us = to_us(fault.serve_delay)
@@ -157,6 +171,7 @@ def _start_slow(ctx: FaultContext, fault: Fault, until: float) -> None:
 def _end_slow(ctx: FaultContext, node: SimNode) -> None:
     if node.serve_delay_us:
         node.serve_delay_us = 0
+        node.overload = None
         ctx.trace.fault(f"{node.name} serves at full speed again")
 
 
@@ -241,4 +256,5 @@ HANDLERS: dict[str, Handler] = {
     "flap": _start_flap,
     "restore": _start_restore,
     "byzantine": _start_byzantine,
+    "overload": _start_overload,
 }

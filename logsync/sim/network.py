@@ -44,6 +44,7 @@ class Message:
     size: int = 0
     incarnation: int = 0
     tops: tuple[tuple[str, int], ...] = ()
+    retry_after: float | None = None  # a 429/503's Retry-After, in seconds
 
     def label(self) -> str:
         if self.kind == "req":

@@ -88,6 +88,7 @@ class SimNode:
         self.inbox: dict[str, list[Ask]] = {}
         self.crash_on_apply = False
         self.serve_delay_us = 0
+        self.overload: tuple[float | None] | None = None  # (Retry-After,) while it 503s
         self.byzantine: tuple[float, tuple[str, ...]] | None = None
         self.recent_pages: deque[tuple[list[dict], list[dict]]] = deque(maxlen=8)
         self.backups: list[tuple[float, Path]] = []

@@ -118,6 +118,8 @@ def _fault_toml(f: Fault) -> list[str]:
         out.append(f"period = {f.period!r}")
     if f.kind == "slow":
         out.append(f"serve_delay = {f.serve_delay!r}")
+    if f.kind == "overload":
+        out.append(f"retry_after = {f.retry_after!r}")
     if f.kind == "restore":
         out.append(f"backup_at = {f.backup_at!r}")
     if f.kind == "byzantine":

@@ -210,6 +210,12 @@ class Simulation:
         return True
 
     def _serve(self, node: SimNode, msg: Message) -> None:
+        if node.overload is not None:  # the overload fault: 503, maybe with a Retry-After
+            self.net.send(Message("resp", node.name, msg.src, msg.mid, msg.path, status=503,
+                                  answer={"error": f"{node.name} is overloaded"}, size=64,
+                                  incarnation=msg.incarnation, retry_after=node.overload[0]),
+                          extra_delay_us=node.serve_delay_us)
+            return
         status, body = serve(node.store_or_fail(), msg.path, msg.params, logsync=node.logsync,
                              max_page=self.scenario.sync.max_page, vector=node.stored_vector)
         done = None

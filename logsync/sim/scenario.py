@@ -323,6 +323,7 @@ def _read_fault(t: Table, known: set[str]) -> Fault:
         backup_at=t.duration("backup_at", 0.0),
         rate=t.fraction("rate", 0.5),
         tamper=_read_tamper(t) if t.has("tamper") else (),
+        retry_after=t.duration("retry_after", 0.0),
     )
 
 

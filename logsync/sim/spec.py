@@ -21,7 +21,7 @@ TAMPERS = ("corrupt", "bad_artifact", "wrong_origin", "stale_fork", "id_reuse", 
            *SIM_KINDS)  # the hostile corpus shared with tests/hostile/ (logsync.hostile)
 FAULT_KINDS = (
     "partition", "oneway", "isolate", "crash", "clock_jump", "slow", "link", "flap",
-    "restore", "byzantine",
+    "restore", "byzantine", "overload",
 )
 MAX_NODES = 200
 
@@ -102,6 +102,7 @@ class Fault:
     backup_at: float = 0.0
     rate: float = 0.5
     tamper: tuple[str, ...] = ()
+    retry_after: float = 0.0  # overload: the Retry-After its 503s carry (0: none)
 
     def describe(self) -> str:
         parts = [self.kind, f"at={self.at:g}"]
@@ -127,6 +128,8 @@ class Fault:
             parts.append(f"period={self.period:g}")
         if self.kind == "slow":
             parts.append(f"serve_delay={self.serve_delay:g}")
+        if self.kind == "overload":
+            parts.append(f"retry_after={self.retry_after:g}")
         return " ".join(parts)
 
 
@@ -204,7 +207,7 @@ SYNC_KEYS = (
 WORKLOAD_KEYS = ("nodes", "rate", "from", "until", "mix", "patch_bytes")
 FAULT_KEYS = (
     "kind", "at", "until", "node", "nodes", "groups", "src", "dst", "by", "period",
-    "serve_delay", "mid_apply", "backup_at", "rate", "tamper", *LINK_KEYS,
+    "serve_delay", "mid_apply", "backup_at", "rate", "tamper", "retry_after", *LINK_KEYS,
 )
 FAULT_KIND_KEYS = {
     "partition": ("groups",),
@@ -217,12 +220,13 @@ FAULT_KIND_KEYS = {
     "flap": ("nodes", "period"),
     "restore": ("node", "backup_at"),
     "byzantine": ("node", "rate", "tamper"),
+    "overload": ("node", "retry_after"),
 }
 FAULT_REQUIRED = {
     "partition": ("groups",), "oneway": ("src", "dst"), "isolate": ("node",),
     "crash": ("node",), "clock_jump": ("node", "by"), "slow": ("node", "serve_delay"),
     "link": ("src", "dst"), "flap": ("nodes",), "restore": ("node", "backup_at"),
-    "byzantine": ("node", "tamper"),
+    "byzantine": ("node", "tamper"), "overload": ("node",),
 }
 RANDOM_KEYS = (
     "partitions", "oneways", "crashes", "clock_jumps", "flaps", "slow", "link_faults",
