@@ -15,7 +15,7 @@ Rules:
                                              a peer that dripped would only drip again)
 
 A transient failure of attempt n (of `attempts`) waits `uniform(0, min(max_backoff,
-backoff * 2**(n-1)))` -- tenacity's `wait_random_exponential` -- or the peer's
+backoff * 2**(n-1)))` ("full jitter") or the peer's
 `Retry-After` if longer; a `Retry-After` beyond `max_retry_after` ends the request
 at once (the round fails and the peer loop's schedule honours the hint).
 """
