@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from logsync.errors import StoreError
+
 HLC_RE = re.compile(r"([0-9]{13})-([0-9a-f]{6})-(rep_(?:[0-9a-f]{12}|[0-9a-f]{32}))")
 MAX_COUNTER = 0xFFFFFF
 MAX_FUTURE_DRIFT_MS = 60_000
@@ -72,14 +74,18 @@ class HybridLogicalClock:
     def tick(self) -> str:
         """Stamp a new local op."""
         with self._lock:
-            now = self._wall_ms()
+            now = min(self._wall_ms(), MAX_MS)  # a clock past the format saturates
             if now > self._ms:
-                self._ms, self._counter = min(now, MAX_MS), 0
+                self._ms, self._counter = now, 0
             elif self._counter < MAX_COUNTER:
                 self._counter += 1
-            else:
+            elif self._ms < MAX_MS:
                 # Exhausted within one ms: step the physical part, never wrap.
                 self._ms, self._counter = self._ms + 1, 0
+            else:
+                raise StoreError(
+                    f"the clock cannot stamp another op: {render(MAX_MS, MAX_COUNTER, '')[:-1]} "
+                    "is the last stamp the 13-digit format holds")
             return render(self._ms, self._counter, self.replica_id)
 
     def absorb_own(self, stamp: object) -> None:

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logsync import hlc
+from logsync.errors import StoreError
 
 ME = "rep_" + "a" * 32
 LOWER = "rep_" + "0" * 32  # sorts before ME
@@ -96,20 +97,23 @@ def test_a_wall_clock_beyond_thirteen_digits_saturates_instead_of_widening() -> 
         assert hlc.parse(stamp) == hlc.Stamp(TOP_MS, 0, ME)
 
 
-@pytest.mark.xfail(strict=True, reason="hlc.tick: a wall clock past 9999999999999 ms resets "
-                   "the counter on every tick (now > _ms stays true), so ticks repeat")
 def test_ticks_past_the_last_millisecond_still_increase() -> None:
+    """A wall clock past 9999999999999 ms saturates at it: ticks go on increasing (the
+    counter), they do not reset to the same stamp on every tick."""
     clock = hlc.HybridLogicalClock(ME, lambda: 10**13 + 5)
-    first, second = clock.tick(), clock.tick()
-    assert second > first
+    stamps = [clock.tick() for _ in range(3)]
+    assert stamps == sorted(set(stamps))
+    assert all(hlc.parse(s) is not None for s in stamps)
 
 
-@pytest.mark.xfail(strict=True, reason="hlc.tick: an exhausted counter at 9999999999999 ms "
-                   "steps to a 14-digit millisecond, a malformed stamp")
-def test_counter_exhaustion_at_the_last_millisecond_stays_well_formed() -> None:
+def test_counter_exhaustion_at_the_last_millisecond_is_one_clear_error() -> None:
+    """At 9999999999999-ffffff no later stamp fits the format: the tick refuses with one
+    sentence instead of minting a malformed 14-digit stamp."""
     clock = hlc.HybridLogicalClock(ME, lambda: TOP_MS)
     clock.absorb_own(hlc.render(TOP_MS, 0xFFFFFF, ME))
-    assert hlc.parse(clock.tick()) is not None
+    with pytest.raises(StoreError, match="last stamp the 13-digit format holds"):
+        clock.tick()
+    assert clock.last == (TOP_MS, 0xFFFFFF)
 
 
 # ── the real wall clock and a fresh clock ─────────────────────────────
