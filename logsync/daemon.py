@@ -295,6 +295,9 @@ class Daemon:
                                           report=report)
         except Exception as exc:  # noqa: BLE001 - invariant 9: nothing leaves this loop
             self._round_failed(task, state, report, exc)
+        except BaseException:  # cancelled: the peer was removed or changed, or we stop
+            task.loop.abandon(anyio.current_time())
+            raise
         else:
             task.loop.succeeded(report, anyio.current_time())
             self._record(task, state, report, full=isinstance(plan, FullRound))

@@ -44,7 +44,9 @@ Rules of a round:
    a round applies at most `MAX_OPS_PER_ROUND` ops, one origin at most
    `MAX_OPS_PER_ORIGIN` (`capped`: the rest next round, at once), so a peer
    serving valid pages forever can neither hold a round open nor starve the
-   origins after its own.
+   origins after its own. A page naming more than `MAX_ARTIFACTS_PER_PAGE` distinct
+   artifacts is too large (the origin asks for fewer ops), and artifact requests go
+   out `ARTIFACTS_PER_BATCH` at a time.
 
 The wire (request steps, answer checks, extension names) is `logsync/wire.py`;
 when to pull is `logsync/schedule.py`. Both are re-exported here.
@@ -71,6 +73,7 @@ from logsync.errors import (
     StoreError,
     ValidationError,
 )
+from logsync.model import MAX_ARTIFACTS_PER_EVENT
 from logsync.report import (
     MAX_OPS_PER_ROUND,
     STOP_CAPPED,
@@ -106,7 +109,8 @@ from logsync.wire import (
 
 __all__ = [  # the round, and what it re-exports from wire and schedule
     "ADVERTISED_MAX_PAGE", "ADVERTISEMENT_KEY", "EXT_INLINE_ARTIFACTS", "EXT_LARGE_PAGES",
-    "EXT_MSGPACK", "EXTENSIONS_PARAM", "FIRST_PAGES_AT_ONCE", "LARGE_PAGE_CEILING",
+    "ARTIFACTS_PER_BATCH", "EXT_MSGPACK", "EXTENSIONS_PARAM", "FIRST_PAGES_AT_ONCE",
+    "LARGE_PAGE_CEILING", "MAX_ARTIFACTS_PER_PAGE",
     "MAX_OPS_PER_ORIGIN", "MAX_OPS_PER_ROUND", "STOP_CAPPED", "STOP_CAUGHT_UP", "STOP_EMPTY",
     "STOP_FAILED", "STOP_SHORT", "STOP_STORE", "TRANSIENT_ORIGINS_TO_GIVE_UP",
     "UPSTREAM_PAGE_LIMIT", "Batch", "Extensions", "OriginBackoff", "OriginProgress",
@@ -121,6 +125,10 @@ __all__ = [  # the round, and what it re-exports from wire and schedule
 # bounded by this many pages, not by the backlog).
 FIRST_PAGES_AT_ONCE = 4
 MAX_OPS_PER_ORIGIN = 50_000  # one origin's share of a round, so an endless one starves none
+# Distinct artifacts one page may name before the origin asks for fewer ops (an honest
+# full page names a few per op), and artifact requests per Batch step.
+MAX_ARTIFACTS_PER_PAGE = 10_000
+ARTIFACTS_PER_BATCH = 256
 TRANSIENT_ORIGINS_TO_GIVE_UP = 3
 
 
@@ -360,14 +368,18 @@ def _stop_reason_after_page(progress: OriginProgress, served: int, limit: int,
     return STOP_SHORT if served < limit and not budgeted else ""
 
 
-def referenced_artifacts(events: list[dict]) -> list[str]:
-    """Artifact ids the page names, first-seen order, no repeats; malformed lists are
-    left to the store, which quarantines their op."""
+def referenced_artifacts(events: list[dict], cap: int = MAX_ARTIFACTS_PER_PAGE) -> list[str]:
+    """Artifact ids the page names, first-seen order, no repeats; malformed lists (not a
+    list, longer than an op may name) are left to the store, which quarantines their op.
+    Stops once past `cap` distinct ids (the caller refuses such a page), so the work is
+    bounded whatever the page holds."""
     seen: dict[str, None] = {}
     for event in events:
         ids = event.get("artifact_ids")
-        if isinstance(ids, list):
+        if isinstance(ids, list) and len(ids) <= MAX_ARTIFACTS_PER_EVENT:
             seen.update((i, None) for i in ids if isinstance(i, str))
+            if len(seen) > cap:
+                break
     return list(seen)
 
 
@@ -382,6 +394,10 @@ def obtain_artifacts(
     """The artifacts the page names that the store lacks: inline ones first, the
     rest one `/sync/artifact` request each (404 = absent, left to the store)."""
     wanted = referenced_artifacts(page.events)
+    if len(wanted) > MAX_ARTIFACTS_PER_PAGE:  # rule 7: the origin asks for fewer ops
+        raise PeerTooLargeError(
+            f"peer {peer}: /sync/ops page for origin {page.origin} after {page.after} names "
+            f"more than {MAX_ARTIFACTS_PER_PAGE} artifacts", peer=peer)
     missing = list((yield MissingArtifacts(tuple(wanted)))) if wanted else []
     found = [page.inline[i] for i in missing if i in page.inline]
     to_fetch = [i for i in missing if i not in page.inline]
@@ -391,9 +407,13 @@ def obtain_artifacts(
     ]
     report.requests += len(requests)
     if batch and requests:
-        answers = yield Batch(tuple(requests))
-        if not isinstance(answers, list) or len(answers) != len(requests):
-            raise RuntimeError(f"the driver must answer a Batch of {len(requests)} with a list")
+        answers = []
+        for start in range(0, len(requests), ARTIFACTS_PER_BATCH):  # bounded batches
+            chunk = tuple(requests[start : start + ARTIFACTS_PER_BATCH])
+            got = yield Batch(chunk)
+            if not isinstance(got, list) or len(got) != len(chunk):
+                raise RuntimeError(f"the driver must answer a Batch of {len(chunk)} with a list")
+            answers += got
     else:
         answers = []
         for request in requests:

@@ -29,6 +29,7 @@ Rules (input: what the loop does), one unit test each in tests/test_peerloop.py:
     failed(report, hint)  claims released; per-origin backoff folds in what the round did;
                           the next round is full, after exponential backoff, never before
                           the peer's Retry-After
+    abandon(now)          a cancelled round: as failed (claims released at once)
     (time passes)         a claim lapses after CLAIM_TTL_S: a claiming pull that drips
                           holds no one back for long
 """
@@ -210,6 +211,12 @@ class PeerLoop:
         self._end(report, now)
         self.wants_full = True
         return self.schedule.failed(now, retry_after)
+
+    def abandon(self, now: float) -> None:
+        """The round was cancelled (the peer was removed or changed, the daemon stops):
+        its claims go at once, so no other peer waits for them to lapse."""
+        if self.running is not None:
+            self.failed(RoundReport(peer=""), now)
 
     def _end(self, report: RoundReport, now: float) -> Plan | None:
         plan, self.running = self.running, None

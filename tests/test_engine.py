@@ -1244,3 +1244,27 @@ def test_a_stopped_origin_reports_how_far_the_store_took_it(stores, remote):
     progress = report.origins[origin]
     assert progress.stop_reason.startswith(engine.STOP_STORE)
     assert progress.reached == 2 and b.version_vector() == {origin: 2}
+
+
+def test_a_page_naming_too_many_artifacts_asks_for_fewer_ops_and_fetches_in_bounded_batches(
+    stores: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review finding: a hostile page naming 256 fresh artifacts per op made the round build
+    1.28 M requests on the event loop. Past MAX_ARTIFACTS_PER_PAGE the origin halves its
+    page (rule 7), and artifact requests go out ARTIFACTS_PER_BATCH at a time."""
+    a, b = stores["a"], stores["b"]
+    monkeypatch.setattr(engine, "MAX_ARTIFACTS_PER_PAGE", 6)
+    monkeypatch.setattr(engine, "ARTIFACTS_PER_BATCH", 2)
+    for i in range(4):
+        ids = [a.put_artifact("note", f"n{i}-{k}", "alice")["id"] for k in range(3)]
+        append(a, 1, artifact_ids=ids)
+    peer = FakePeer(a)
+    steps: list = []
+    report = drive(batches_seen(pull_round(b.replica_id, "peer-a", batch_artifacts=True),
+                                steps), peer, b)
+    limits = [r.params["limit"] for r in peer.ops_requests()]
+    assert limits[0] > 2 and min(limits) <= 2  # 12 artifacts > 6: asked again for less
+    batches = [s for s in steps if isinstance(s, Batch)]
+    assert batches and max(len(s.requests) for s in batches) <= 2
+    assert report.applied == 4 and report.artifacts == 12
+    assert comparable(b) == comparable(a)

@@ -396,3 +396,53 @@ def test_the_daemon_pulls_only_what_its_peer_loop_plans(tmp_path: Path) -> None:
         anyio.run(go)
     finally:
         daemon.store.close()
+
+
+def test_an_abandoned_round_releases_its_claims_at_once() -> None:
+    """Review finding: a round cancelled mid-way (its peer removed from peers.json) left
+    its claims until they lapsed, holding the origins back from every other peer."""
+    claims = Claims()
+    one, two = make(claims), make(claims)
+    after_full(one)
+    after_full(two)
+    one.frame(A, 50, 1.0)
+    assert isinstance(one.begin(1.05, {}), TargetedRound)
+    one.abandon(1.1)
+    assert claims.entries == {} and one.running is None and one.wants_full
+    two.frame(A, 50, 1.2)
+    assert two.begin(1.25, {}) == TargetedRound({A: 50}, Extensions(msgpack=True))
+    one.abandon(1.3)  # nothing running: nothing happens
+    assert claims.active(1.3) == {A: 50}
+
+
+def test_the_daemon_releases_the_claims_of_a_cancelled_round(tmp_path: Path) -> None:
+    from logsync.client import PeerClient
+    from logsync.daemon import Daemon, DaemonConfig, _PeerTask
+    from logsync.peers import Peer
+
+    daemon = Daemon(DaemonConfig(palace=tmp_path / "p", port=0), rng=random.Random(1))
+    seen: list[dict] = []
+
+    async def hang(self: PeerClient, *args: Any, **kw: Any) -> Any:
+        seen.append(dict(daemon.claims.entries))
+        await anyio.sleep_forever()
+
+    async def go() -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(PeerClient, "run_targeted", hang)
+            loop = daemon._new_loop()
+            after_full(loop, now=anyio.current_time())
+            task = _PeerTask(peer=Peer(url="http://127.0.0.1:9", name="p"),
+                             scope=anyio.CancelScope(), loop=loop)
+            task.note(A, 5)
+            await anyio.sleep(0.01)
+            async with PeerClient("http://127.0.0.1:9", name="p") as client:
+                with anyio.move_on_after(0.2):
+                    await daemon._one_round(client, task)
+
+    try:
+        anyio.run(go)
+    finally:
+        daemon.store.close()
+    assert seen and A in seen[0]  # claimed while it ran
+    assert daemon.claims.entries == {}  # released when it was cancelled
