@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import re
+from typing import Any
 
 import pytest
 
@@ -70,22 +71,29 @@ def test_without_retry_after_the_jittered_wait_is_shorter() -> None:
     assert waits and min(waits) < 3_000_000
 
 
-def test_a_batch_keeps_to_the_policy_concurrency_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At most `FetchPolicy.batch_concurrency` requests of a batch are in flight at once
-    to a MemPalace hub (no extensions), as the client's limiter allows; the rest go out
-    as answers come back."""
+def test_batches_keep_to_the_peers_concurrency_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most `FetchPolicy.batch_concurrency` batch requests are in flight at once to a
+    MemPalace hub (no extensions), across all the origins of a round, as the client's one
+    limiter per peer allows; the rest go out as answers come back."""
     from logsync.sim import driver as driver_mod
+    from logsync.sim.rounds import Run
 
-    hub_batches: list[tuple[int, int]] = []  # (requests in the batch, in flight at once)
-    real_issue = driver_mod.Driver._issue
+    hub_batches: list[int] = []  # requests in each batch to a hub
+    in_flight: list[int] = []  # requests in flight to a hub, after every send
+    real_issue, real_pump = driver_mod.Driver._issue, driver_mod.Driver._pump
 
-    def issue(self: driver_mod.Driver, run: driver_mod.Run, flow: driver_mod.Flow,
-              step: object) -> None:
+    def issue(self: driver_mod.Driver, run: Run, flow: Any, step: object) -> None:
         real_issue(self, run, flow, step)
         if flow.batch and not run.report.extensions:
-            hub_batches.append((len(flow.requests), len(flow.waiting)))
+            hub_batches.append(len(flow.requests))
+
+    def pump(self: driver_mod.Driver, run: Run) -> None:
+        real_pump(self, run)
+        if not run.report.extensions:
+            in_flight.append(run.batch_in_flight)
 
     monkeypatch.setattr(driver_mod.Driver, "_issue", issue)
+    monkeypatch.setattr(driver_mod.Driver, "_pump", pump)
     text = """
 name = "batch"
 duration = "10s"
@@ -99,6 +107,50 @@ rate = 80
 mix = { patch = 1.0 }
 """
     report = run_scenario(parse_scenario(text, source="batch.toml").with_seed(5))
-    assert max(size for size, _ in hub_batches) > UPSTREAM_CONCURRENCY, hub_batches
-    assert max(at_once for _, at_once in hub_batches) == UPSTREAM_CONCURRENCY
+    assert max(hub_batches) > UPSTREAM_CONCURRENCY, hub_batches
+    assert max(in_flight) == UPSTREAM_CONCURRENCY
     assert report.ok, report.text()
+
+
+def test_prefetched_pages_are_taken_across_artifact_batches_and_leave_nothing_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review findings: an artifact batch dropped the page prefetched meanwhile (the client
+    keeps it), and a prefetch taken after its answer came stayed in `by_mid` for good."""
+    from logsync.sim import driver as driver_mod
+
+    drivers: list[driver_mod.Driver] = []
+    adopted: list[bool] = []
+    real_init, real_adopt = driver_mod.Driver.__init__, driver_mod.Driver._adopt
+
+    def init(self: driver_mod.Driver, sim: Any) -> None:
+        real_init(self, sim)
+        drivers.append(self)
+
+    def adopt(self: driver_mod.Driver, run: Any, flow: Any, prefetch: Any) -> None:
+        adopted.append(prefetch.reply is not None)
+        real_adopt(self, run, flow, prefetch)
+
+    monkeypatch.setattr(driver_mod.Driver, "__init__", init)
+    monkeypatch.setattr(driver_mod.Driver, "_adopt", adopt)
+    text = """
+name = "prefetch"
+duration = "12s"
+[nodes]
+count = 3
+[sync]
+interval = "2s"
+page_limit = 5
+extensions = false
+[[workload]]
+rate = 60
+until = "8s"
+mix = { patch = 1.0 }
+[expect]
+converge_within = "10s"
+"""
+    report = run_scenario(parse_scenario(text, source="prefetch.toml").with_seed(2))
+    assert report.ok, report.text()
+    assert sum(adopted) > 20, f"prefetched pages taken after their answer: {sum(adopted)}"
+    (driver,) = drivers
+    assert all(not run.over for run, _ in driver.by_mid.values()), "by_mid leaks finished runs"

@@ -24,100 +24,25 @@ decides nothing itself:
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Callable, Generator, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from logsync import effects, engine
 from logsync.effects import STORE_EFFECTS, ApplyPage, ReadVector
 from logsync.errors import PeerError, PeerProtocolError, PeerTransientError
 from logsync.fetchpolicy import FetchPolicy, prefetch_guess, request_key
 from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop, TargetedRound
-from logsync.sim.clock import US, VirtualClock, to_s, to_us
-from logsync.sim.network import Message, Network
+from logsync.sim.clock import US, to_s, to_us
+from logsync.sim.network import Message
 from logsync.sim.node import SimNode
-from logsync.sim.spec import Scenario
-from logsync.sim.trace import Trace
-
-
-class SimulatedCrash(BaseException):
-    """Raised inside an apply transaction to model power loss; never caught by the store."""
-
-
-def _crash_after(items: Iterable[Any]) -> Iterator[Any]:
-    yield from items
-    raise SimulatedCrash("power lost while applying a page")
-
-
-@dataclass
-class Flow:
-    """One generator being driven: a whole round, or one origin of a targeted round.
-    `step` counts the generator's steps, so a retry scheduled for an old step is dropped."""
-
-    gen: Generator[Any, Any, Any]
-    origin: str | None = None
-    requests: list[engine.Request] = field(default_factory=list)
-    waiting: dict[int, int] = field(default_factory=dict)
-    open_slots: set[int] = field(default_factory=set)
-    unsent: list[int] = field(default_factory=list)  # slots of a batch beyond its cap
-    tries: list[int] = field(default_factory=list)
-    answers: list[Any] = field(default_factory=list)
-    batch: bool = False
-    step: int = 0
-    prefetched: dict[tuple[Any, ...], Prefetch] = field(default_factory=dict)
-
-
-@dataclass
-class Prefetch:
-    """A page asked for before the round asked (`prefetch_guess`): its message id, and
-    its answer once it came."""
-
-    mid: int
-    reply: Message | None = None
-
-
-@dataclass
-class Run:
-    node: SimNode
-    link: PeerLink
-    kind: str
-    report: engine.RoundReport
-    started_us: int
-    flows: list[Flow] = field(default_factory=list)
-    queued: list[Flow] = field(default_factory=list)
-    over: bool = False
-
-
-@dataclass
-class PeerLink:
-    """One peer a node pulls from: the peer loop that decides (the daemon's
-    `_PeerTask.loop`), the driver's timer token and the running round."""
-
-    name: str
-    loop: PeerLoop
-    timer: int = 0
-    run: Run | None = None
-
-
-class DriverHost(Protocol):
-    """What the driver needs of its simulation (`sim.runner.Simulation`)."""
-
-    scenario: Scenario
-    clock: VirtualClock
-    rng: random.Random
-    trace: Trace
-    net: Network
-    metrics: Any  # sim.runner.Metrics: rounds, requests, bytes, conflicts seen
-
-    def schedule(self, when_us: int, fn: Callable[..., None],
-                 args: tuple[Any, ...] = ()) -> None: ...
-
-    def next_mid(self) -> int: ...
-
-    def violation(self, invariant: int, text: str) -> None: ...
-
-    def crash_mid_apply(self, node: SimNode) -> None: ...
+from logsync.sim.rounds import (
+    DriverHost,
+    Flow,
+    PeerLink,
+    Prefetch,
+    Run,
+    SimulatedCrash,
+    crash_after,
+)
 
 
 class Driver:
@@ -286,7 +211,7 @@ class Driver:
             node.crash_on_apply = False
             self.sim.trace.fault(f"crash {node.name} inside an apply transaction "
                                  f"({len(effect.events)} ops, {len(effect.artifacts)} artifacts)")
-            store.apply_remote(effect.events, _crash_after(effect.artifacts))  # type: ignore[arg-type]
+            store.apply_remote(effect.events, crash_after(effect.artifacts))  # type: ignore[arg-type]
         try:
             result = store.apply_remote(effect.events, effect.artifacts)
         finally:
@@ -303,17 +228,35 @@ class Driver:
         flow.open_slots = set(range(len(requests)))
         flow.waiting = {}
         flow.step += 1
-        cap = self.policy.batch_concurrency(upstream=not run.report.extensions) \
-            if flow.batch else 1
-        flow.unsent = list(range(cap, len(requests)))
-        prefetched = flow.prefetched.pop(request_key(requests[0]), None) \
-            if not flow.batch else None
-        self._drop_prefetches(flow)  # any other guess was wrong
+        if flow.batch:  # as the client's limiter: a unit per request, shared by the round
+            run.batch_waiting.extend((flow, slot, flow.step) for slot in range(len(requests)))
+            self._pump(run)
+            return
+        # The client's prefetcher: a single page request takes its guess, others drop.
+        prefetched = flow.prefetched.pop(request_key(requests[0]), None)
+        self._drop_prefetches(flow)
         if prefetched is not None:
             self._adopt(run, flow, prefetched)
             return
-        for slot in range(min(cap, len(requests))):
+        self._send(run, flow, 0)
+
+    def _pump(self, run: Run) -> None:
+        """Send waiting batch requests while the peer's concurrency allows."""
+        cap = self.policy.batch_concurrency(upstream=not run.report.extensions)
+        while run.batch_waiting and run.batch_in_flight < cap and not run.over:
+            flow, slot, step = run.batch_waiting.popleft()
+            if flow.step != step or slot not in flow.open_slots:
+                continue  # its flow moved on or closed
+            run.batch_in_flight += 1
+            flow.holding.add(slot)
             self._send(run, flow, slot)
+
+    def _release(self, run: Run, flow: Flow, slot: int) -> None:
+        """A batch request's outcome is final: its unit goes to the next one waiting."""
+        if slot in flow.holding:
+            flow.holding.discard(slot)
+            run.batch_in_flight -= 1
+            self._pump(run)
 
     def _send(self, run: Run, flow: Flow, slot: int) -> None:
         request = flow.requests[slot]
@@ -341,7 +284,9 @@ class Driver:
         """The round asked for the page already prefetched: its answer, now or when it
         comes (it was sent without a timer: the request's own timer starts now)."""
         reply = prefetch.reply
+        self.by_mid.pop(prefetch.mid, None)  # taken: no longer a prefetch
         if reply is None:
+            self.by_mid[prefetch.mid] = (run, flow)
             flow.waiting[prefetch.mid] = 0
             self.sim.schedule(self.sim.clock.now_us + to_us(self.spec.timeout), self._timeout,
                               (run, flow, prefetch.mid))
@@ -386,8 +331,7 @@ class Driver:
                 return
         flow.answers[slot] = answer
         flow.open_slots.discard(slot)
-        if flow.unsent:
-            self._send(run, flow, flow.unsent.pop(0))
+        self._release(run, flow, slot)
         if not flow.open_slots:
             if not flow.batch:
                 self._prefetch(run, flow, request, answer)
@@ -417,8 +361,7 @@ class Driver:
         if flow.batch:  # a batch answers a failed request with its error (engine rule 6)
             flow.answers[slot] = error
             flow.open_slots.discard(slot)
-            if flow.unsent:
-                self._send(run, flow, flow.unsent.pop(0))
+            self._release(run, flow, slot)
             if not flow.open_slots:
                 self._advance(run, flow, flow.answers)
             return
@@ -433,14 +376,13 @@ class Driver:
             self.by_mid.pop(mid, None)
         flow.waiting.clear()
         flow.open_slots.clear()
-        flow.unsent.clear()
         flow.step += 1
         self._advance(run, flow, exc=error)
 
     # ── endings ───────────────────────────────────────────────────────
 
     def _flow_done(self, run: Run, flow: Flow) -> None:
-        self._close(flow)
+        self._close(run, flow)
         run.flows.remove(flow)
         if run.queued:
             nxt = run.queued.pop(0)
@@ -479,19 +421,21 @@ class Driver:
         self.sim.metrics.conflicts_seen += run.report.conflicts
         self.sim.metrics.quarantined_seen += run.report.quarantined
 
-    def _close(self, flow: Flow) -> None:
+    def _close(self, run: Run, flow: Flow) -> None:
         for mid in flow.waiting:
             self.by_mid.pop(mid, None)
         self._drop_prefetches(flow)
         flow.waiting.clear()
         flow.open_slots.clear()
-        flow.unsent.clear()
+        run.batch_in_flight -= len(flow.holding)  # its waiting slots are skipped by _pump
+        flow.holding.clear()
         flow.gen.close()
 
     def _close_flows(self, run: Run) -> None:
         for flow in run.flows + run.queued:
-            self._close(flow)
+            self._close(run, flow)
         run.flows, run.queued = [], []
+        run.batch_waiting.clear()
 
     def _abandon(self, run: Run) -> None:
         """The node died: its rounds stop where they are, nothing reported."""
