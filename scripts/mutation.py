@@ -112,6 +112,7 @@ class ModuleResult:
     baseline_seconds: float = 0.0
     note: str = ""
     survivors: list[Survivor] = field(default_factory=list)
+    timeouts: list[Survivor] = field(default_factory=list)
 
 
 def repo_files(root: Path) -> list[Path]:
@@ -324,6 +325,9 @@ def collect(db_path: Path, module: str, result: ModuleResult) -> None:
                 ))
             elif res.test_outcome == TestOutcome.KILLED and res.output == TIMEOUT_OUTPUT:
                 result.timeout += 1
+                m = items[job_id].mutations[0]
+                result.timeouts.append(Survivor(where=f"{module}:{m.start_pos[0]}",
+                                                operator=m.operator_name, diff=""))
             elif res.test_outcome == TestOutcome.KILLED:
                 result.killed += 1
             else:  # incompetent, exception, no-test
@@ -355,6 +359,9 @@ def render_text(results: list[ModuleResult]) -> str:
     for r in results:
         if "\n" in r.note or (r.note and r.mutants):
             lines.append(f"\n{r.module}: {r.note}")
+        if r.timeouts:
+            lines.append(f"\nTimeouts in {r.module} (counted as detected): "
+                         + ", ".join(f"{t.where} {t.operator}" for t in r.timeouts))
         if r.survivors:
             lines.append(f"\nSurvivors in {r.module} (tests: {' '.join(r.tests)}):")
             for s in r.survivors:
@@ -367,6 +374,9 @@ def render_markdown(results: list[ModuleResult]) -> str:
     out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     out += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     for r in results:
+        if r.timeouts:
+            out.append(f"\nTimeouts in `{r.module}` (counted as detected): "
+                       + ", ".join(f"`{t.where}` {t.operator}" for t in r.timeouts))
         if r.survivors:
             out.append(f"\nSurvivors in `{r.module}`:\n")
             for s in r.survivors:
@@ -431,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         args.markdown.write_text(render_markdown(results))
     if args.json:
         args.json.write_text(json.dumps(
-            [r.__dict__ | {"survivors": [s.__dict__ for s in r.survivors]} for r in results],
+            [r.__dict__ | {"survivors": [s.__dict__ for s in r.survivors],
+                           "timeouts": [t.__dict__ for t in r.timeouts]} for r in results],
             indent=2,
         ))
     return 0
