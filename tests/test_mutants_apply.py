@@ -6,6 +6,8 @@ scripts/mutation.py).
 from __future__ import annotations
 
 import dataclasses
+import json
+import sqlite3
 import tempfile
 from pathlib import Path
 
@@ -286,3 +288,77 @@ def test_an_unencodable_op_keeps_the_first_4096_characters_of_its_repr(
     kept = row["payload"]["unencodable"]
     assert len(kept) == 4096
     assert kept == repr(bad)[:4093] + "..."
+
+
+# ── found by the second run (apply.py after the APPLY_CHECKS table) ───
+
+
+def test_an_invalid_artifact_does_not_stop_the_artifacts_after_it(
+    store: Store, remote: RemoteKit
+) -> None:
+    good = remote.artifact("good\n")
+    bad = {**remote.artifact("bad\n"), "sha256": "0" * 64}  # content does not match
+    op = remote.op(remote.origin(1), 1, artifact_ids=[good["id"]])
+    result = store.apply_remote([op], [bad, good])
+    assert (result.artifacts_applied, result.applied, result.quarantined) == (1, 1, 1)
+    assert store.list_quarantine()[0]["kind"] == "artifact"
+
+
+def wire(op: dict) -> dict:
+    """An op as it arrives from a peer: decoded from JSON, so its strings are new
+    objects (equal to ours, never the same object)."""
+    return json.loads(json.dumps(op))
+
+
+def test_an_op_claiming_our_origin_off_the_wire_is_judged_as_ours(
+    store: Store, remote: RemoteKit, clock: FakeClock
+) -> None:
+    me = store.replica_id
+    forged = wire(remote.op(me, 1, ms=clock.ms + 3_600_000))
+    lost = wire(remote.op(me, 1, ms=clock.ms + 1000))
+    assert store.apply_remote([forged]).applied == 0
+    assert store.list_conflicts()[0]["kind"] == "forged_origin"
+    assert store.apply_remote([lost]).applied == 1
+    assert store.list_conflicts()[0]["kind"] == "restored_replica"
+
+
+@pytest.mark.parametrize(("ahead", "recovered"), [(60_000, True), (60_001, False)])
+def test_our_lost_op_is_recovered_up_to_exactly_the_drift_bound(
+    store: Store, remote: RemoteKit, clock: FakeClock, ahead: int, recovered: bool
+) -> None:
+    me = store.replica_id
+    result = store.apply_remote([remote.op(me, 1, ms=clock.ms + ahead)])
+    assert result.applied == (1 if recovered else 0)
+    kind = store.list_conflicts()[0]["kind"]
+    assert kind == ("restored_replica" if recovered else "forged_origin")
+
+
+def test_a_refused_slot_just_below_the_largest_seq_is_skipped(
+    store: Store, remote: RemoteKit, clock: FakeClock
+) -> None:
+    """Slot MAX_SEQ - 1 refused: our next op takes MAX_SEQ, the last slot there is."""
+    me = store.replica_id
+    store.apply_remote([remote.op(me, model.MAX_SEQ - 5, ms=clock.ms + 1000),
+                        remote.op(me, model.MAX_SEQ - 1, ms=clock.ms + 3_600_000)])
+    nxt = store.append_event("task.note", "proj", "general", "lead")
+    assert nxt["origin_seq"] == model.MAX_SEQ
+
+
+def test_the_quarantine_keeps_non_ascii_text_verbatim(
+    store: Store, remote: RemoteKit, palace: Path
+) -> None:
+    """The ledger holds what the peer sent, as UTF-8 text, not \\u escapes."""
+    store.apply_remote([remote.op(remote.origin(1), 1, type=42, body="café ☕")])
+    with sqlite3.connect(palace / "logstream.sqlite3") as db:
+        (raw,) = db.execute("SELECT payload_json FROM logsync_quarantine").fetchone()
+    assert "café ☕" in raw
+
+
+def test_a_bad_op_with_a_lone_surrogate_is_one_row_whatever_its_key_order(
+    store: Store, remote: RemoteKit
+) -> None:
+    bad = remote.op(remote.origin(1), 1, body="half a pair \ud800")
+    store.apply_remote([bad])
+    store.apply_remote([dict(reversed(list(bad.items())))])
+    (row,) = store.list_quarantine()
+    assert row["times_seen"] == 2
