@@ -111,7 +111,8 @@ def test_counter_exhaustion_at_the_last_millisecond_is_one_clear_error() -> None
     sentence instead of minting a malformed 14-digit stamp."""
     clock = hlc.HybridLogicalClock(ME, lambda: TOP_MS)
     clock.absorb_own(hlc.render(TOP_MS, 0xFFFFFF, ME))
-    with pytest.raises(StoreError, match="last stamp the 13-digit format holds"):
+    with pytest.raises(StoreError, match=r"another op: 9999999999999-ffffff is the last stamp "
+                       r"the 13-digit format holds$"):
         clock.tick()
     assert clock.last == (TOP_MS, 0xFFFFFF)
 
