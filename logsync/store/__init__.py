@@ -3,7 +3,8 @@
 The schema is MemPalace's `logstream.sqlite3` (tables `events`, `artifacts`,
 `event_artifacts`, the unique `(origin_replica, origin_seq)` index), so either
 program can open a store the other wrote; logsync adds `logsync_conflicts`,
-`logsync_quarantine`, which MemPalace ignores.
+`logsync_quarantine`, `logsync_health` and `logsync_chain` (the per-origin hash
+chain), which MemPalace ignores.
 
 - `core`: `Store` -- connections (WAL, one writer, a reader per thread),
   local writes (gap-free `origin_seq`, HLC after everything stored,
@@ -11,6 +12,8 @@ program can open a store the other wrote; logsync adds `logsync_conflicts`,
 - `apply`: the rules of applying a remote page (invariants 1-6).
 - `schema`: DDL and named, ordered, idempotent migrations.
 - `rows`: row shaping in upstream key order and content comparison.
+- `chaining`: the per-origin hash chain table (`logsync.chain` holds the rule):
+  extended on append and apply, repaired and backfilled at open.
 """
 
 from logsync.store.apply import ApplyResult

@@ -37,6 +37,7 @@ from logsync import hlc as hlc_mod
 from logsync import model
 from logsync.errors import ValidationError, shorten
 from logsync.replica import is_replica_id
+from logsync.store.chaining import extend_chains
 from logsync.store.rows import (
     artifact_dict,
     artifact_wire,
@@ -103,6 +104,7 @@ def apply_page(
         "INSERT OR IGNORE INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)",
         state.links,
     )
+    extend_chains(conn, state.events, state.links)  # each op's chain entry, same transaction
     record_ledgers(conn, state)
     return ApplyResult(
         applied=len(state.events), duplicates=state.duplicates,

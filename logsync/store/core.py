@@ -35,6 +35,7 @@ from logsync.errors import (
 )
 from logsync.replica import get_replica_id, read_replica_id
 from logsync.store.apply import ApplyResult, apply_page
+from logsync.store.chaining import backfill_chains
 from logsync.store.faults import (
     BUSY_TIMEOUT_S,
     StoreNeedsWrite,
@@ -179,6 +180,12 @@ class Store(LocalWrites, Reads):
             if problem is not None:
                 store.close()
                 raise StoreError(problem)
+        if not read_only:
+            try:
+                store._backfill_chains()
+            except BaseException:
+                store.close()
+                raise
         return store
 
     def close(self) -> None:
@@ -344,6 +351,14 @@ class Store(LocalWrites, Reads):
     def _migrate(self) -> None:
         with self._atomic(durable=True) as conn:
             migrate(conn, self.replica_id)
+
+    def _backfill_chains(self) -> int:
+        """The last open step: chain entries for every held op that lacks one (a store
+        from before the chain, or ops another program such as a MemPalace hub wrote), in
+        bounded batches, one durable transaction; a current store costs a few index seeks
+        per origin plus two index-range counts. Returns how many entries were written."""
+        with self._atomic(durable=True) as conn:
+            return backfill_chains(conn)
 
     def _observe_stored_max(self) -> None:
         """Seed the clock from what is stored, so a restart never ticks backwards."""

@@ -145,6 +145,22 @@ class Reads:
         )
         return self._attach(rows)
 
+    def chain_digest(self, origin: str, seq: int) -> bytes | None:
+        """The chain digest (32 bytes) of the op `(origin, seq)`, or None if not held."""
+        rows = self._read(
+            "SELECT digest FROM logsync_chain WHERE origin = ? AND origin_seq = ?", (origin, seq)
+        )
+        return bytes(rows[0][0]) if rows else None
+
+    def chain_tip(self, origin: str) -> tuple[int, bytes] | None:
+        """`(origin_seq, digest)` of the highest op of `origin` in the chain, or None."""
+        rows = self._read(
+            "SELECT origin_seq, digest FROM logsync_chain WHERE origin = ? "
+            "ORDER BY origin_seq DESC LIMIT 1",
+            (origin,),
+        )
+        return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
+
     def own_seen_top(self) -> int:
         """The highest origin_seq of our own origin we hold or have seen refused."""
         held = self._read("SELECT coalesce(max(origin_seq), 0) FROM events "

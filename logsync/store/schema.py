@@ -4,7 +4,8 @@ The DDL of `events`, `artifacts` and `event_artifacts` is MemPalace's, column
 for column, so either program opens a store the other wrote. Migrations are
 named, ordered and idempotent; a store from a release without provenance or
 topic columns gets them, and its rows are backfilled as authored here (as
-upstream does).
+upstream does). A store without the per-origin hash chain gets the ``logsync_chain``
+table here; ``Store.open`` then computes the missing chain entries (one transaction).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sqlite3
 from datetime import UTC, datetime
 
 from logsync import hlc as hlc_mod
+from logsync.store.chaining import CHAIN_DDL
 
 EVENT_COLUMNS = (
     "id, type, stream, room, topic, from_agent, to_agent, correlation_id, branch, "
@@ -110,7 +112,7 @@ HEALTH_UPSERT = (
 )
 REQUIRED_TABLES = (
     "events", "artifacts", "event_artifacts", "logsync_conflicts", "logsync_quarantine",
-    "logsync_health",
+    "logsync_health", "logsync_chain",
 )
 PROVENANCE_COLUMNS = ("topic", "origin_replica", "origin_seq", "hlc")
 
@@ -123,6 +125,7 @@ def migrate(conn: sqlite3.Connection, replica_id: str) -> None:
     create_upstream_indexes(conn)
     create_logsync_tables(conn)
     create_health_table(conn)
+    create_chain_table(conn)
 
 
 def schema_problem(conn: sqlite3.Connection) -> str | None:
@@ -211,6 +214,13 @@ def create_logsync_tables(conn: sqlite3.Connection) -> None:
 def create_health_table(conn: sqlite3.Connection) -> None:
     """The one-row table ``Store.health_problem`` writes to (ignored by MemPalace)."""
     conn.execute(HEALTH_SCHEMA)
+
+
+def create_chain_table(conn: sqlite3.Connection) -> None:
+    """``logsync_chain``: one digest per held op (issue 10; MemPalace ignores the table).
+    ``chaining.backfill_chains`` fills it: ``Store.open`` runs it after the integrity
+    check (a corrupt file is reported as corrupt, not as a failed backfill)."""
+    conn.execute(CHAIN_DDL)
 
 
 def _created_at_ms(value: str) -> int:

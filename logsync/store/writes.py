@@ -17,6 +17,7 @@ from logsync.errors import (
     ValidationError,
 )
 from logsync.store.apply import next_own_seq
+from logsync.store.chaining import extend_chains
 from logsync.store.schema import INSERT_ARTIFACT, INSERT_EVENT
 
 
@@ -135,10 +136,9 @@ class LocalWrites:
             raise StoreError(
                 f"event id {event_id!r} already exists; the id factory repeated"
             ) from None
-        conn.executemany(
-            "INSERT INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)",
-            [(event_id, a) for a in fields["artifact_ids"]],
-        )
+        links = [(event_id, a) for a in fields["artifact_ids"]]
+        conn.executemany("INSERT INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)", links)
+        extend_chains(conn, [row], links)  # the op's chain entry, in the same transaction
         return event_id
 
     def put_artifact(

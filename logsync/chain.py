@@ -1,0 +1,202 @@
+"""The per-origin hash chain (issue 10, item 1): canonical bytes of an op, and digests.
+
+Pure: no SQL, no files, no clock. The store (`logsync/store/chaining.py`) keeps one
+digest per held op; later layers (tips in the vector answer, digest search, signatures)
+compare and sign these digests.
+
+Canonical bytes of an op, ``canonical_op(event, artifact_sha256s)`` (version 1)
+--------------------------------------------------------------------------------
+
+The *authored envelope*: what the origin wrote and every replica stores identically.
+Local-only fields (``seq``, the local rowid) are never part of it. The bytes are the
+UTF-8 encoding of one JSON object with exactly these 18 keys, always all present:
+
+    artifacts, base_commit, body, branch, correlation_id, created_at, from_agent, hlc,
+    id, metadata, origin_replica, origin_seq, room, status, stream, to_agent, topic, type
+
+- ``id, type, stream, room, from_agent, created_at, origin_replica, hlc``: the stored
+  strings, verbatim (no trimming, no Unicode normalisation).
+- ``topic, to_agent, correlation_id, branch, base_commit, status``: the stored string,
+  or ``null`` when absent, ``None`` or the empty string (the validator reads ``""`` as
+  absent, so a replica may hold either spelling of "absent").
+- ``body``: the stored string; ``None`` (absent) is written as ``""``.
+- ``origin_seq``: a JSON integer in plain decimal (no sign, exponent, fraction or leading
+  zero); bools and non-integers are refused.
+- ``metadata``: the metadata object as a replica serves it, re-encoded by the same rules
+  (a stored text that does not parse as a JSON object is served as, and written as,
+  ``{}``; so is one holding NaN or an infinity, which no validated op holds). Integers
+  in plain decimal, any size; floats as Python's ``repr(float)`` (the shortest digits
+  that round-trip; exponent form ``1e+16``/``1e-05`` when the decimal exponent is < -4
+  or >= 16, otherwise fixed with at least one fractional digit, ``1.0``, ``-0.0``);
+  ``true``/``false``/``null``; an empty object is ``{}``.
+- ``artifacts``: the artifacts the op names, as a JSON array of two-element arrays
+  ``[artifact_id, sha256]``, sorted ascending by ``artifact_id`` (code-point order; ids
+  are ASCII, so byte order), one per distinct id: the order every replica stores and
+  serves ``artifact_ids`` in, whatever order the author passed them. ``sha256`` is the
+  64 lowercase hex digits of the artifact's stored ``sha256`` (the hash of its UTF-8
+  content, verified before any artifact is stored), or ``null`` when the replica does
+  not hold that artifact (only possible in a store another program wrote). ``[]`` when
+  the op names none.
+
+The JSON text: keys sorted ascending by code point at every level (``sort_keys``),
+no whitespace at all (separators ``","`` and ``":"``), non-ASCII characters written
+as themselves in UTF-8 (``ensure_ascii=False``); in strings only ``"`` -> ``\\"``,
+``\\`` -> ``\\\\``, ``\\b \\f \\n \\r \\t`` as those two-character escapes, every other code
+point below U+0020 as ``\\u00XX`` (lowercase hex), everything else (U+007F, U+2028, ...)
+raw. This is exactly Python's ``json.dumps(value, sort_keys=True, separators=(",", ":"),
+ensure_ascii=False, allow_nan=False).encode("utf-8")``.
+
+The chain
+---------
+
+Per origin ``O``, over the ops of ``O`` a replica holds in ``origin_seq`` order
+(an origin may have gaps; the chain skips them, so ``d_prev`` is the digest of the
+highest held seq below this one):
+
+    d_0 = SHA-256(b"logsync-chain-v1\\x00" || UTF-8(O))
+    d_n = SHA-256(d_prev || canonical_op(op_n))          (raw 32-byte digests)
+
+Two origins never share a digest for equal bodies (``d_0`` differs, and ``origin_replica``
+is inside the canonical bytes); one byte changed anywhere in an op, or in the content of
+an artifact it names, changes its digest and every later one of that origin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
+from json.encoder import encode_basestring
+from typing import Any
+
+CHAIN_VERSION = 1
+CHAIN_DOMAIN = b"logsync-chain-v1\x00"
+DIGEST_BYTES = 32
+
+REQUIRED_TEXT = ("id", "type", "stream", "room", "from_agent", "created_at", "origin_replica",
+                 "hlc")
+OPTIONAL_TEXT = ("topic", "to_agent", "correlation_id", "branch", "base_commit", "status")
+CANONICAL_KEYS = tuple(sorted(
+    (*REQUIRED_TEXT, *OPTIONAL_TEXT, "body", "origin_seq", "metadata", "artifacts")
+))  # the 18 keys, in the order they are written
+
+_encode = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+).encode
+_quote = encode_basestring  # the encoder's string escaping for ensure_ascii=False (C)
+
+
+def chain_start(origin: str) -> bytes:
+    """``d_0`` of an origin's chain."""
+    return hashlib.sha256(CHAIN_DOMAIN + origin.encode("utf-8")).digest()
+
+
+def next_digest(prev: bytes, canonical: bytes) -> bytes:
+    """``d_n = SHA-256(d_prev || canonical)``."""
+    return hashlib.sha256(prev + canonical).digest()
+
+
+def canonical_op(event: Mapping[str, Any], artifact_sha256s: Sequence[str | None]) -> bytes:
+    """The canonical bytes of an op (the rule is the module docstring).
+
+    ``event`` is an event as served (``metadata`` a mapping) or a stored/validated row
+    (``metadata_json`` text); ``artifact_sha256s`` holds the sha256 hex (or None, not
+    held) of each id of ``event["artifact_ids"]``, in that list's order. Raises
+    ``ValueError`` for an op no validated store can hold.
+    """
+    ids = event.get("artifact_ids") or ()
+    if len(ids) != len(artifact_sha256s):
+        raise ValueError(
+            f"artifact_sha256s has {len(artifact_sha256s)} entries for {len(ids)} artifact ids"
+        )
+    pairs = dict(zip(ids, artifact_sha256s, strict=True))
+    if len(pairs) != len(ids):
+        raise ValueError("artifact_ids names an artifact twice")
+    seq = event.get("origin_seq")
+    if type(seq) is not int:
+        raise ValueError(f"origin_seq must be an integer, not {type(seq).__name__}")
+    for key in REQUIRED_TEXT:
+        if type(event.get(key)) is not str:
+            raise ValueError(f"{key} must be a string, not {type(event.get(key)).__name__}")
+    for key in (*OPTIONAL_TEXT, "body"):
+        value = event.get(key)
+        if value is not None and type(value) is not str:
+            raise ValueError(f"{key} must be a string or absent, not {type(value).__name__}")
+    if "metadata_json" in event:
+        metadata = compact_metadata(event["metadata_json"])
+    else:
+        value = event.get("metadata")
+        metadata = _encode(value) if isinstance(value, dict) and value else "{}"
+    g = event.get
+    return canonical_row(
+        g("id"), g("type"), g("stream"), g("room"), g("topic"), g("from_agent"), g("to_agent"),
+        g("correlation_id"), g("branch"), g("base_commit"), g("status"), g("body"),
+        g("created_at"), metadata, g("origin_replica"), seq, g("hlc"), pairs,
+    )
+
+
+def canonical_row(
+    id: str, type: str, stream: str, room: str, topic: str | None, from_agent: str,
+    to_agent: str | None, correlation_id: str | None, branch: str | None,
+    base_commit: str | None, status: str | None, body: str | None, created_at: str,
+    metadata: str, origin_replica: str, origin_seq: int, hlc: str,
+    artifacts: Mapping[str, str | None],
+) -> bytes:
+    """The canonical bytes from a stored row's fields (the store's hot path: types are
+    the store's own, so nothing is checked). ``metadata`` is already compact canonical
+    JSON (``compact_metadata``); ``artifacts`` maps each named id to its sha256 or None.
+
+    The keys are fixed, so the object is written key by key in sorted order with the
+    JSON encoder's own string escaping: the bytes ``json.dumps`` of the whole dict with
+    the module's options produces, without building and sorting a dict per op.
+    """
+    q = _quote
+    return "".join((
+        '{"artifacts":', _encode([[a, artifacts[a]] for a in sorted(artifacts)])
+        if artifacts else "[]",
+        ',"base_commit":', q(base_commit) if base_commit else "null",
+        ',"body":', q(body) if body else '""',
+        ',"branch":', q(branch) if branch else "null",
+        ',"correlation_id":', q(correlation_id) if correlation_id else "null",
+        ',"created_at":', q(created_at),
+        ',"from_agent":', q(from_agent),
+        ',"hlc":', q(hlc),
+        ',"id":', q(id),
+        ',"metadata":', metadata,
+        ',"origin_replica":', q(origin_replica),
+        ',"origin_seq":', int.__repr__(origin_seq),
+        ',"room":', q(room),
+        ',"status":', q(status) if status else "null",
+        ',"stream":', q(stream),
+        ',"to_agent":', q(to_agent) if to_agent else "null",
+        ',"topic":', q(topic) if topic else "null",
+        ',"type":', q(type),
+        "}",
+    )).encode("utf-8", "surrogatepass")
+
+
+@lru_cache(maxsize=4096)
+def compact_metadata(text: Any) -> str:
+    """Stored metadata text as the canonical bytes write it (compact, sorted keys); a text
+    that is not a JSON object is served, and written, as ``{}``. Cached: a log repeats
+    its few metadata shapes many times."""
+    if text == "{}" or not isinstance(text, str):
+        return "{}"
+    try:
+        value = json.loads(text)
+        return _encode(value) if isinstance(value, dict) and value else "{}"
+    except (ValueError, RecursionError):  # unparseable, or NaN/Infinity (not JSON)
+        return "{}"
+
+
+def chain_digests(
+    origin: str, canonicals: Iterable[bytes], prev: bytes | None = None
+) -> list[bytes]:
+    """The digests of consecutive held ops of one origin, from ``prev`` (default ``d_0``)."""
+    digest = chain_start(origin) if prev is None else prev
+    out = []
+    for canonical in canonicals:
+        digest = next_digest(digest, canonical)
+        out.append(digest)
+    return out
