@@ -26,8 +26,9 @@ UTF-8 encoding of one JSON object with exactly these 18 keys, always all present
   (a stored text that does not parse as a JSON object is served as, and written as,
   ``{}``; so is one holding NaN or an infinity, which no validated op holds). Integers
   in plain decimal, any size; floats as Python's ``repr(float)`` (the shortest digits
-  that round-trip; exponent form ``1e+16``/``1e-05`` when the decimal exponent is < -4
-  or >= 16, otherwise fixed with at least one fractional digit, ``1.0``, ``-0.0``);
+  that round-trip; exponent form when the decimal exponent is < -4 or >= 16, written
+  ``e``, a sign, at least two digits: ``1e+16``, ``2.5e-05``; otherwise fixed with at
+  least one fractional digit: ``1.0``, ``-0.0``, ``0.0001``);
   ``true``/``false``/``null``; an empty object is ``{}``.
 - ``artifacts``: the artifacts the op names, as a JSON array of two-element arrays
   ``[artifact_id, sha256]``, sorted ascending by ``artifact_id`` (code-point order; ids
@@ -43,8 +44,9 @@ no whitespace at all (separators ``","`` and ``":"``), non-ASCII characters writ
 as themselves in UTF-8 (``ensure_ascii=False``); in strings only ``"`` -> ``\\"``,
 ``\\`` -> ``\\\\``, ``\\b \\f \\n \\r \\t`` as those two-character escapes, every other code
 point below U+0020 as ``\\u00XX`` (lowercase hex), everything else (U+007F, U+2028, ...)
-raw. This is exactly Python's ``json.dumps(value, sort_keys=True, separators=(",", ":"),
-ensure_ascii=False, allow_nan=False).encode("utf-8")``.
+raw (a lone surrogate, which validation refuses everywhere, would be written as its
+three-byte form). This is exactly Python's ``json.dumps(value, sort_keys=True,
+separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")``.
 
 The chain
 ---------
