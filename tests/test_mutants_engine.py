@@ -27,6 +27,7 @@ from logsync.engine import (
     missing_ranges,
     pull_origin,
     pull_round,
+    referenced_artifacts,
     targeted_origin,
 )
 from logsync.errors import (
@@ -57,7 +58,8 @@ class World:
     def __init__(self, tops: dict[str, int], held: dict[str, int] | None = None, *,
                  served: dict[str, int] | None = None, advert: dict | None = None,
                  artifacts_per_op: int = 0, absent: set[str] | None = None,
-                 too_large_above: int | None = None) -> None:
+                 too_large_above: int | None = None,
+                 names: Callable[[int], Any] | None = None) -> None:
         self.tops = dict(tops)
         self.served = dict(served or tops)
         self.held = dict(held or {})
@@ -65,6 +67,7 @@ class World:
         self.artifacts_per_op = artifacts_per_op
         self.absent = set(absent or ())
         self.too_large_above = too_large_above
+        self.names = names  # seq -> the op's artifact_ids, instead of artifacts_per_op
         self.faults: dict[str, list[Exception]] = {}
         self.steps: list[Any] = []
         self.applied: dict[str, list[int]] = {}
@@ -96,6 +99,8 @@ class World:
 
     def op(self, origin: str, seq: int) -> dict[str, Any]:
         arts = [f"art_{origin[-4:]}_{seq}_{i}" for i in range(self.artifacts_per_op)]
+        if self.names is not None:
+            arts = self.names(seq)
         return {"origin_replica": origin, "origin_seq": seq, "artifact_ids": arts}
 
     # the local store
@@ -477,3 +482,59 @@ def test_an_artifact_batch_must_be_answered_by_a_list_of_its_length(answer: Call
 
     with pytest.raises(RuntimeError, match="must answer a Batch"):
         round_of(world, batch_artifacts=True, batch_answer=answer_artifacts)
+
+
+# ── how many artifacts a page may name ────────────────────────────────
+
+
+def test_referenced_artifacts_stops_at_the_op_that_passes_the_cap() -> None:
+    """First-seen order, no repeats, and no further ops read once past `cap` (an op that
+    brings the count exactly to the cap is not past it)."""
+    events = [{"artifact_ids": [f"a{n}", f"b{n}", "a0"]} for n in range(5)]
+    assert referenced_artifacts(events, cap=4) == ["a0", "b0", "a1", "b1", "a2", "b2"]
+    assert referenced_artifacts(events, cap=100) == [
+        x for n in range(5) for x in (f"a{n}", f"b{n}")]
+
+
+def test_a_page_naming_exactly_ten_thousand_artifacts_is_taken_whole() -> None:
+    origin = rid(1)
+    world = World({origin: 100}, artifacts_per_op=100)
+    progress = round_of(world, page_limit=100, batch_artifacts=True).origins[origin]
+    assert [r.params["limit"] for r in world.ops_requests()] == [100]
+    assert (progress.applied, progress.failed) == (100, False)
+    assert sum(len(b.requests) for b in world.batches()) == 10_000
+
+
+def test_a_page_naming_one_artifact_more_is_too_large_and_asked_again_smaller() -> None:
+    origin = rid(1)
+
+    def names(seq: int) -> list[str]:
+        return [f"art_{seq}_{i}" for i in range(101 if seq == 1 else 100)]
+
+    world = World({origin: 100}, names=names)
+    progress = round_of(world, page_limit=100, batch_artifacts=True).origins[origin]
+    assert [r.params["limit"] for r in world.ops_requests()] == [100, 50, 50]
+    assert (progress.applied, progress.failed) == (100, False)
+
+
+def test_artifact_requests_go_out_256_at_a_time() -> None:
+    origin = rid(1)
+    world = World({origin: 3}, artifacts_per_op=200)
+    round_of(world, batch_artifacts=True)
+    artifact_batches = [len(b.requests) for b in world.batches()
+                        if b.requests[0].path == "/sync/artifact"]
+    assert artifact_batches == [256, 256, 88]
+
+
+@pytest.mark.parametrize(("ids", "fetched"), [
+    ([f"art_{i}" for i in range(256)], 256),  # as many as an op may name
+    ([f"art_{i}" for i in range(257)], 0),  # more: left to the store, which quarantines
+    ("art_1", 0),  # not a list
+    (None, 0),
+])
+def test_only_a_well_formed_artifact_list_is_fetched(ids: Any, fetched: int) -> None:
+    origin = rid(1)
+    world = World({origin: 1}, names=lambda seq: ids)
+    round_of(world)
+    assert sum(1 for s in world.steps
+               if isinstance(s, Request) and s.path == "/sync/artifact") == fetched
