@@ -113,6 +113,7 @@ class ModuleResult:
     note: str = ""
     survivors: list[Survivor] = field(default_factory=list)
     timeouts: list[Survivor] = field(default_factory=list)
+    killed_by: dict[str, int] = field(default_factory=dict)  # first failing test -> kills
 
 
 def repo_files(root: Path) -> list[Path]:
@@ -330,9 +331,20 @@ def collect(db_path: Path, module: str, result: ModuleResult) -> None:
                                                 operator=m.operator_name, diff=""))
             elif res.test_outcome == TestOutcome.KILLED:
                 result.killed += 1
+                test = first_failure(res.output or "")
+                result.killed_by[test] = result.killed_by.get(test, 0) + 1
             else:  # incompetent, exception, no-test
                 result.incompetent += 1
     result.survivors.sort(key=lambda s: (int(s.where.rsplit(":", 1)[1]), s.operator))
+
+
+def first_failure(output: str) -> str:
+    """The test whose failure killed a mutant (pytest's short summary), so a kill by a
+    flaky or unrelated test can be spotted in the JSON."""
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split()[1]
+    return "(no FAILED line: collection error or crash)"
 
 
 COLUMNS = ["module", "mutants", "killed", "survived", "timeout", "skipped", "incompetent",

@@ -362,3 +362,16 @@ def test_a_bad_op_with_a_lone_surrogate_is_one_row_whatever_its_key_order(
     store.apply_remote([dict(reversed(list(bad.items())))])
     (row,) = store.list_quarantine()
     assert row["times_seen"] == 2
+
+
+def test_an_origin_whose_first_op_is_quarantined_reports_a_high_water_of_zero(
+    store: Store, remote: RemoteKit
+) -> None:
+    """Nothing of it is held: its high-water mark is 0 (a round takes it as how far the
+    origin got), not 1."""
+    origin = remote.origin(1)
+    result = store.apply_remote([remote.op(origin, 1, type=42)])
+    assert (result.applied, result.quarantined) == (0, 1)
+    assert result.high_water == {origin: 0}
+    assert origin in result.stopped
+    assert store.version_vector().get(origin, 0) == 0
