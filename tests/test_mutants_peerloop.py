@@ -147,3 +147,23 @@ def test_a_loop_made_by_hand_plans_targeted_rounds_by_default() -> None:
 def test_plans_are_values_a_driver_cannot_change(plan: object) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.extra = 1  # type: ignore[attr-defined]
+
+
+class Highest(random.Random):
+    """Jitter at its top: the backoff's upper bound, exactly."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+def test_the_daemons_backoff_cap_is_sixty_seconds_exactly() -> None:
+    loop = PeerLoop.make(OWN, Claims(), Highest(1), interval=10.0, debounce=0.0, jitter=0.0)
+    loop.start(0.0)
+    now, waits = 0.0, []
+    for _ in range(9):
+        loop.begin(now, {})
+        due = loop.failed(RoundReport(peer="p"), now)
+        waits.append(due - now)
+        now = due
+    assert waits[:3] == [1.0, 2.0, 4.0]
+    assert waits[-1] == 60.0
