@@ -11,20 +11,25 @@ Needs the project installed with its test extra plus the tool:
 ``pip install -e '.[test,mutation]'`` (the `mutation` extra is cosmic-ray 8.x).
 
 The script never touches the working tree: it copies the repository's files (tracked
-and untracked-but-not-ignored, so uncommitted tests count) to a temporary directory and
-runs there. Each mutant is one cosmic-ray job: the module is rewritten on disk in the
-copy, the module's chosen tests run in a fresh interpreter (`pytest -x`, one process at
-a time: cosmic-ray's `local` distributor is serial), the file is restored. A test run
-that fails kills the mutant; one that passes lets it survive; one that overruns the
-timeout (a multiple of the unmutated run, 30 s at least) is a timeout.
+and untracked-but-not-ignored, so uncommitted tests count; with ``--rev COMMIT`` that
+commit's files plus the untracked ones, so others' uncommitted edits in a shared
+checkout stay out) to a temporary directory, on /dev/shm when there is one (the store
+tests fsync), and runs there with the copy first on PYTHONPATH.
+
+Each mutant is one cosmic-ray job: the module is rewritten on disk in the copy, the
+module's chosen tests run in a fresh interpreter (`pytest -x`, one process at a time:
+cosmic-ray's `local` distributor is serial), the file is restored. A test run that
+fails kills the mutant; one that passes lets it survive; one that overruns the timeout
+(a multiple of the unmutated run, 30 s at least) is a timeout.
 
 Hypothesis runs derandomized with no example database and no deadline inside the copy
 (a plugin loaded with ``-p``), so a table is reproducible and a loaded machine does not
 kill mutants through flaky deadlines.
 
-Mutations of annotations are not run: every core module has ``from __future__ import
-annotations``, so an annotation is a string nothing evaluates, and ``int | None`` ->
-``int - None`` is equivalent by construction. They are counted as `skipped`.
+Mutations inside annotations are not run when the module has ``from __future__ import
+annotations`` (every core module does): an annotation is then a string nothing
+evaluates, so ``int | None`` -> ``int - None`` is equivalent by construction. They are
+counted as `skipped`.
 
 Prints a table (module, mutants, killed, survived, timeout, ...) and every survivor
 with file:line, the operator and the diff. ``--markdown FILE`` / ``--json FILE`` also
@@ -114,6 +119,7 @@ class ModuleResult:
     survivors: list[Survivor] = field(default_factory=list)
     timeouts: list[Survivor] = field(default_factory=list)
     killed_by: dict[str, int] = field(default_factory=dict)  # first failing test -> kills
+    kills: list[dict[str, str]] = field(default_factory=list)  # where, operator, test
 
 
 def repo_files(root: Path) -> list[Path]:
@@ -333,6 +339,9 @@ def collect(db_path: Path, module: str, result: ModuleResult) -> None:
                 result.killed += 1
                 test = first_failure(res.output or "")
                 result.killed_by[test] = result.killed_by.get(test, 0) + 1
+                m = items[job_id].mutations[0]
+                result.kills.append({"where": f"{module}:{m.start_pos[0]}",
+                                     "operator": m.operator_name, "test": test})
             else:  # incompetent, exception, no-test
                 result.incompetent += 1
     result.survivors.sort(key=lambda s: (int(s.where.rsplit(":", 1)[1]), s.operator))
