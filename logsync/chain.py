@@ -178,13 +178,27 @@ def canonical_row(
     )).encode("utf-8", "surrogatepass")
 
 
-@lru_cache(maxsize=4096)
+CACHED_METADATA_CHARS = 1024  # only short texts are cached: 4096 of them hold tens of MiB at most
+
+
 def compact_metadata(text: Any) -> str:
     """Stored metadata text as the canonical bytes write it (compact, sorted keys); a text
-    that is not a JSON object is served, and written, as ``{}``. Cached: a log repeats
-    its few metadata shapes many times."""
+    that is not a JSON object is served, and written, as ``{}``. Short texts are cached
+    (a log repeats its few metadata shapes); long ones are not, so a peer sending many
+    distinct 64 KiB metadata objects cannot grow the cache with them."""
     if text == "{}" or not isinstance(text, str):
         return "{}"
+    if len(text) <= CACHED_METADATA_CHARS:
+        return _compact_cached(text)
+    return _compact(text)
+
+
+@lru_cache(maxsize=4096)
+def _compact_cached(text: str) -> str:
+    return _compact(text)
+
+
+def _compact(text: str) -> str:
     try:
         value = json.loads(text)
         return _encode(value) if isinstance(value, dict) and value else "{}"

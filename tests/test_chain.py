@@ -476,3 +476,17 @@ def test_the_key_by_key_writer_is_json_dumps_of_the_whole_object(
     stored = {**event, "metadata_json": json.dumps(metadata, sort_keys=True, ensure_ascii=False)}
     del stored["metadata"]
     assert chain.canonical_op(stored, shas) == expected
+
+
+def test_long_metadata_is_encoded_alike_but_never_cached() -> None:
+    """A peer sending many distinct 64 KiB metadata objects must not grow the metadata
+    cache by their size: only texts up to CACHED_METADATA_CHARS are kept."""
+    from logsync import chain as chain_mod
+
+    chain_mod._compact_cached.cache_clear()
+    short = json.dumps({"b": 1, "a": [1, 2]})
+    long = json.dumps({"k": "x" * (chain_mod.CACHED_METADATA_CHARS + 10), "a": 1})
+    assert chain_mod.compact_metadata(short) == '{"a":[1,2],"b":1}'
+    assert chain_mod.compact_metadata(long) == json.dumps(
+        json.loads(long), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert chain_mod._compact_cached.cache_info().currsize == 1
