@@ -82,7 +82,7 @@ def extend_chains(
         for row in staged:
             ids = named.get(row[0])
             pairs = {a: shas.get(a) for a in ids} if ids else {}
-            prev = next_digest(prev, _canonical(row, pairs))
+            prev = next_digest(prev, canonical(row, pairs))
             out.append((origin, row[_SEQ], prev))
         conn.executemany(INSERT_CHAIN, out)
 
@@ -164,17 +164,17 @@ def repair_origin(conn: sqlite3.Connection, origin: str) -> int:
     ).fetchone()
     prev = chain_start(origin) if row is None else bytes(row[0])
     written = 0
-    for batch in _held_ops(conn, origin, first):
+    for batch in held_ops(conn, origin, first):
         out = []
         for row, pairs in batch:
-            prev = next_digest(prev, _canonical(row, pairs))
+            prev = next_digest(prev, canonical(row, pairs))
             out.append((origin, row[_SEQ], prev))
         conn.executemany(INSERT_CHAIN, out)
         written += len(out)
     return written
 
 
-def _held_ops(
+def held_ops(
     conn: sqlite3.Connection, origin: str, first: int
 ) -> Iterator[list[tuple[tuple[Any, ...], dict[str, str | None]]]]:
     """An origin's held ops from `first` on, in origin_seq order, BACKFILL_BATCH at a
@@ -206,7 +206,7 @@ def _held_ops(
         first = batch[-1][0][_SEQ] + 1
 
 
-def _canonical(row: tuple[Any, ...], artifacts: dict[str, str | None]) -> bytes:
+def canonical(row: tuple[Any, ...], artifacts: dict[str, str | None]) -> bytes:
     """The canonical bytes of a stored row (`ROW_COLUMNS` order). A value no validated op
     holds (a number in a text column, which only another program can have written) is
     taken as its text, so a store can always be opened and chained."""
