@@ -1,8 +1,9 @@
 """The `logsync` command line: thin click commands over the library.
 
 Exit codes: 0 ok, 1 error, usage errors included (one line: `Error: …` on
-stderr, or `{"error": …}` with --json), 2 timeout (`wait`). `main()` is the
-entry point that enforces the one-line form for click's own usage errors.
+stderr, or `{"error": …}` with --json), 2 timeout (`wait`), 3 the store does not
+verify (`verify`). `main()` is the entry point that enforces the one-line form for
+click's own usage errors.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from logsync.cli import (  # noqa: E402
     local,  # noqa: F401
     replication,  # noqa: F401
     sim,  # noqa: F401
+    verify,  # noqa: F401
 )
 from logsync.cli.group import cli, main
 

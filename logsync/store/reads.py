@@ -14,10 +14,13 @@ from typing import Any
 from logsync import model
 from logsync.errors import (
     NotFoundError,
+    StoreError,
     ValidationError,
     shorten,
 )
 from logsync.store.apply import REFUSED_OWN_TOP_SQL
+from logsync.store.audit import AuditReport, audit_store
+from logsync.store.faults import describe_fault
 from logsync.store.rows import artifact_dict, chunks, event_dict, ledger_dict
 from logsync.store.schema import FILTER_COLUMNS
 
@@ -160,6 +163,15 @@ class Reads:
             (origin,),
         )
         return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
+
+    def audit(self, origin: str | None = None) -> AuditReport:
+        """Every chain entry and artifact re-checked against a recomputation from the ops
+        and contents (`logsync verify`), in one snapshot on this thread's read connection;
+        only `origin`'s chain when given (artifacts always all). Repairs nothing."""
+        try:
+            return audit_store(self._reader(), origin)
+        except sqlite3.Error as exc:
+            raise StoreError(describe_fault(self.db_path, "read", exc)) from None
 
     def own_seen_top(self) -> int:
         """The highest origin_seq of our own origin we hold or have seen refused."""
