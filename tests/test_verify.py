@@ -1,0 +1,338 @@
+"""`logsync verify` (issue 10, item 5): the whole store re-checked, read-only.
+
+A clean store verifies (exit 0, the JSON shape); each planted defect is detected and
+named: an event's body changed under a complete chain (a mismatch at exactly that seq),
+an artifact's content, size or stored hash changed (the artifact named; a changed stored
+hash also breaks the chain of the op naming it), a chain row deleted (missing at that
+seq, still missing afterwards: verify opens read-only and repairs nothing) or one added
+(extra), across page boundaries; a bad --origin is one sentence, exit 1; and for random
+stores over 1-3 origins with gaps, corrupting one op is reported at exactly its seq.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from conftest import CountingIds, FakeClock, RemoteKit, origin_id
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from logsync.cli import cli
+from logsync.store import DB_FILENAME, Store, audit, chaining
+
+KIT = RemoteKit()
+REMOTE = origin_id(7)
+
+
+def build(palace: Path, local: int = 5, remote_seqs: tuple[int, ...] = (1, 2, 4, 5)) -> str:
+    """A store with `local` own ops (the 2nd names two artifacts) and one remote origin
+    with a gap; returns its own replica id."""
+    clock = FakeClock()
+    with Store.open(palace, wall_ms=clock, new_id=CountingIds()) as store:
+        arts = [store.put_artifact("patch", f"+ line {i} ✓\n", "coder")["id"] for i in (1, 2)]
+        for i in range(1, local + 1):
+            clock.advance(1000)
+            store.append_event("task.note", "proj", "general", "lead", body=f"op {i}",
+                               artifact_ids=arts if i == 2 else None,
+                               metadata={"n": i, "f": 0.5})
+        if remote_seqs:
+            assert store.apply_remote([KIT.op(REMOTE, s) for s in remote_seqs]).applied == len(
+                remote_seqs)
+        return store.replica_id
+
+
+def raw(palace: Path, sql: str, params: tuple[Any, ...] = ()) -> int:
+    """One statement with a plain sqlite3 connection, as another program would."""
+    conn = sqlite3.connect(palace / DB_FILENAME)
+    try:
+        with conn:
+            return conn.execute(sql, params).rowcount
+    finally:
+        conn.close()
+
+
+def verify(palace: Path, *args: str) -> Result:
+    result = CliRunner().invoke(cli, ["--palace", str(palace), "verify", *args])
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        repr(result.exception))
+    return result
+
+
+def verify_json(palace: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    result = verify(palace, "--json", *args)
+    return result.exit_code, json.loads(result.stdout)
+
+
+def by_origin(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {o["origin"]: o for o in payload["origins"]}
+
+
+# ── a clean store ─────────────────────────────────────────────────────
+
+
+def test_a_clean_store_verifies_with_exit_0_and_its_json_shape(tmp_path: Path) -> None:
+    palace = tmp_path / "p"
+    own = build(palace)
+    code, payload = verify_json(palace)
+    assert code == 0
+    assert set(payload) == {"ok", "origins", "artifacts"} and payload["ok"] is True
+    assert [o["origin"] for o in payload["origins"]] == sorted([own, REMOTE])
+    origins = by_origin(payload)
+    assert origins[own] == {"origin": own, "ops": 5, "top": 5, "chain_entries": 5,
+                            "chain_ok": True, "problem": None, "signature": None}
+    assert origins[REMOTE] == {"origin": REMOTE, "ops": 4, "top": 5, "chain_entries": 4,
+                               "chain_ok": True, "problem": None, "signature": None}
+    assert payload["artifacts"] == {"checked": 2, "ok": True, "bad_count": 0, "bad": []}
+
+    human = verify(palace)
+    assert human.exit_code == 0
+    assert human.stdout.splitlines() == sorted([
+        f"{own}  ops 5  top 5  chain ok", f"{REMOTE}  ops 4  top 5  chain ok",
+    ]) + ["artifacts 2 ok"]
+    code, one = verify_json(palace, "--origin", REMOTE)
+    assert code == 0 and [o["origin"] for o in one["origins"]] == [REMOTE]
+
+
+def test_an_empty_store_verifies_and_a_missing_one_is_not_created(tmp_path: Path) -> None:
+    Store.open(tmp_path / "p").close()
+    assert verify_json(tmp_path / "p") == (0, {
+        "ok": True, "origins": [],
+        "artifacts": {"checked": 0, "ok": True, "bad_count": 0, "bad": []},
+    })
+    absent = tmp_path / "absent"
+    result = verify(absent)
+    assert result.exit_code == 1 and result.stderr.startswith("Error: there is no store")
+    assert not absent.exists()
+
+
+def test_the_library_call_matches_the_command(tmp_path: Path) -> None:
+    palace = tmp_path / "p"
+    build(palace)
+    with Store.open(palace) as store:
+        report = store.audit()
+    assert report.ok and json.loads(json.dumps(report.to_json())) == verify_json(palace)[1]
+    with pytest.raises(AttributeError):  # results are frozen values
+        report.origins[0].ops = 0  # type: ignore[misc]
+
+
+# ── planted defects ───────────────────────────────────────────────────
+
+
+def test_a_body_changed_under_a_complete_chain_is_a_mismatch_at_that_seq(tmp_path: Path) -> None:
+    palace = tmp_path / "p"
+    own = build(palace)
+    with Store.open(palace, read_only=True) as store:
+        stored = store.chain_digest(own, 3)
+        assert stored is not None
+    assert raw(palace, "UPDATE events SET body = 'op 3, edited' WHERE origin_replica = ? "
+                       "AND origin_seq = 3", (own,)) == 1
+    with Store.open(palace) as store:  # a writable open: the chain is complete, not repaired
+        report = store.audit()
+    assert not report.ok
+    mine = next(o for o in report.origins if o.origin == own)
+    assert mine.problem is not None
+    assert (mine.problem.kind, mine.problem.seq, mine.problem.stored) == (
+        "mismatch", 3, stored.hex())
+    assert mine.problem.recomputed != stored.hex()
+    assert all(o.ok for o in report.origins if o.origin != own) and report.artifacts.ok
+
+    result = verify(palace)
+    assert result.exit_code == 3
+    line = next(x for x in result.stdout.splitlines() if x.startswith(own))
+    assert f"chain MISMATCH at seq 3 (stored {stored.hex()}, recomputed " in line
+
+
+def test_a_changed_artifact_content_is_named(tmp_path: Path) -> None:
+    palace = tmp_path / "p"
+    own = build(palace)
+    with Store.open(palace, read_only=True) as store:
+        first, second = sorted(a["id"] for a in store.iter_artifacts())
+    raw(palace, "UPDATE artifacts SET content = '+ line 1 ✗\n' WHERE id = ?", (first,))
+    raw(palace, "UPDATE artifacts SET content = content || ' ' WHERE id = ?", (second,))
+    code, payload = verify_json(palace)
+    assert code == 3 and payload["ok"] is False
+    arts = payload["artifacts"]
+    assert (arts["checked"], arts["bad_count"]) == (2, 2)
+    bad = {b["id"]: b for b in arts["bad"]}
+    assert bad[first]["reason"] == "sha256 differs from the content's"  # same length
+    assert bad[first]["stored_size"] == bad[first]["actual_size"]
+    assert bad[second]["reason"] == ("sha256 differs from the content's and size_bytes "
+                                     "differs from the content's")
+    assert bad[second]["actual_size"] == bad[second]["stored_size"] + 1
+    # the chain commits to the stored hash, which did not change: it still verifies
+    assert by_origin(payload)[own]["chain_ok"] is True
+    human = verify(palace)
+    assert human.exit_code == 3
+    assert "artifacts 2 checked, 2 BAD" in human.stdout
+    assert any(x.strip().startswith(first) for x in human.stdout.splitlines())
+
+
+def test_a_wrong_stored_size_alone_is_named(tmp_path: Path) -> None:
+    palace = tmp_path / "p"
+    build(palace, local=2, remote_seqs=())
+    raw(palace, "UPDATE artifacts SET size_bytes = size_bytes + 1 WHERE rowid = 1")
+    code, payload = verify_json(palace)
+    assert code == 3 and payload["artifacts"]["bad_count"] == 1
+    assert payload["artifacts"]["bad"][0]["reason"] == "size_bytes differs from the content's"
+
+
+def test_a_changed_stored_hash_breaks_the_artifact_and_the_chain_of_its_op(
+    tmp_path: Path,
+) -> None:
+    palace = tmp_path / "p"
+    own = build(palace)
+    raw(palace, "UPDATE artifacts SET sha256 = ? WHERE rowid = 1", ("0" * 64,))
+    code, payload = verify_json(palace)
+    assert code == 3
+    assert payload["artifacts"]["bad_count"] == 1
+    assert payload["artifacts"]["bad"][0]["stored_sha256"] == "0" * 64
+    assert by_origin(payload)[own]["problem"]["seq"] == 2  # the op naming the artifacts
+    assert by_origin(payload)[own]["problem"]["kind"] == "mismatch"
+
+
+def test_a_deleted_chain_row_is_missing_at_that_seq_and_verify_repairs_nothing(
+    tmp_path: Path,
+) -> None:
+    palace = tmp_path / "p"
+    build(palace)
+    assert raw(palace, "DELETE FROM logsync_chain WHERE origin = ? AND origin_seq = 4",
+               (REMOTE,)) == 1
+    code, payload = verify_json(palace)
+    assert code == 3
+    remote = by_origin(payload)[REMOTE]
+    assert (remote["ops"], remote["chain_entries"], remote["chain_ok"]) == (4, 3, False)
+    assert remote["problem"]["kind"] == "missing" and remote["problem"]["seq"] == 4
+    assert remote["problem"]["stored"] is None
+    result = verify(palace)
+    assert result.exit_code == 3
+    assert f"{REMOTE}  ops 4  top 5  entries 3  chain MISSING at seq 4" in result.stdout
+    assert raw(palace, "DELETE FROM logsync_chain WHERE origin = ? AND origin_seq = 4",
+               (REMOTE,)) == 0  # still missing: read-only, nothing repaired
+
+
+def test_an_entry_without_an_op_is_extra(tmp_path: Path) -> None:
+    palace = tmp_path / "p"
+    build(palace)
+    ghost = origin_id(9)
+    raw(palace, "INSERT INTO logsync_chain VALUES (?, 3, ?)", (REMOTE, b"\x01" * 32))
+    raw(palace, "INSERT INTO logsync_chain VALUES (?, 6, ?)", (ghost, b"\x02" * 32))
+    code, payload = verify_json(palace)
+    assert code == 3
+    origins = by_origin(payload)
+    assert origins[REMOTE]["problem"] == {"seq": 3, "kind": "extra",
+                                          "stored": "01" * 32, "recomputed": None}
+    assert (origins[ghost]["ops"], origins[ghost]["top"], origins[ghost]["chain_entries"]) == (
+        0, None, 1)
+    assert origins[ghost]["problem"]["kind"] == "extra"
+    assert "chain EXTRA at seq 3" in verify(palace).stdout
+
+
+def test_defects_past_a_page_boundary_are_found(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ops and chain rows are read a page at a time (BACKFILL_BATCH): with pages of 3,
+    a row deleted and a body changed on later pages are still found at their seq."""
+    palace = tmp_path / "p"
+    own = build(palace, local=10, remote_seqs=tuple(range(1, 12)))
+    monkeypatch.setattr(chaining, "BACKFILL_BATCH", 3)
+    monkeypatch.setattr(audit, "BACKFILL_BATCH", 3)
+    assert verify_json(palace)[0] == 0
+    raw(palace, "DELETE FROM logsync_chain WHERE origin = ? AND origin_seq = 7", (REMOTE,))
+    raw(palace, "UPDATE events SET room = 'elsewhere' WHERE origin_replica = ? "
+                "AND origin_seq = 10", (own,))
+    code, payload = verify_json(palace)
+    origins = by_origin(payload)
+    assert code == 3
+    assert (origins[REMOTE]["problem"]["kind"], origins[REMOTE]["problem"]["seq"]) == (
+        "missing", 7)
+    assert (origins[own]["problem"]["kind"], origins[own]["problem"]["seq"]) == ("mismatch", 10)
+
+
+def test_bad_artifacts_are_counted_but_only_the_first_are_named(tmp_path: Path) -> None:
+    palace = tmp_path / "p"
+    with Store.open(palace, wall_ms=FakeClock(), new_id=CountingIds()) as store:
+        ids = [store.put_artifact("note", f"text {i}", "coder")["id"] for i in range(25)]
+    raw(palace, "UPDATE artifacts SET content = content || '!'")
+    code, payload = verify_json(palace)
+    arts = payload["artifacts"]
+    assert code == 3 and (arts["checked"], arts["bad_count"]) == (25, 25)
+    assert [b["id"] for b in arts["bad"]] == sorted(ids)[: audit.MAX_BAD_ARTIFACTS]
+    assert "artifacts 25 checked, 25 BAD (first 20 named)" in verify(palace).stdout
+
+
+@pytest.mark.parametrize("value", ["nope", "rep_XYZ", "rep_0123456789AB", "rep_0123456789a",
+                                   " rep_0123456789ab", ""])
+def test_a_bad_origin_is_one_sentence_and_exit_1(tmp_path: Path, value: str) -> None:
+    palace = tmp_path / "p"
+    build(palace, local=1, remote_seqs=())
+    result = verify(palace, "--origin", value)
+    assert result.exit_code == 1 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0] == (f"Error: --origin {value!r} is not a replica id: it must be rep_ "
+                        "followed by 12 or 32 lowercase hex digits")
+    as_json = verify(palace, "--origin", value, "--json")
+    assert as_json.exit_code == 1 and "is not a replica id" in json.loads(as_json.stdout)["error"]
+
+
+def test_the_real_command_exits_3_on_a_defect(tmp_path: Path) -> None:
+    palace = tmp_path / "p"
+    build(palace, local=2, remote_seqs=())
+    raw(palace, "DELETE FROM logsync_chain WHERE origin_seq = 2")
+    proc = subprocess.run([sys.executable, "-m", "logsync", "--palace", str(palace), "verify"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 3, proc.stderr
+    assert "chain MISSING at seq 2" in proc.stdout and "Traceback" not in proc.stderr
+
+
+# ── property: one corrupted op is reported at its seq ─────────────────
+
+CORRUPTIONS = (
+    "body = body || 'x'", "room = room || 'x'", "metadata_json = '{\"n\": -1}'",
+    "hlc = hlc || 'x'", "type = 'task.other'", "topic = 'new'",
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    held=st.lists(st.sets(st.integers(1, 40), min_size=1, max_size=25), min_size=1, max_size=3),
+    data=st.data(),
+)
+def test_one_corrupted_op_is_reported_at_its_seq(held: list[set[int]],
+                                                 data: st.DataObject) -> None:
+    """Random stores of 1-3 origins (each with gaps); one op of one origin corrupted in
+    one field: that origin's first bad seq is exactly the op's, every other origin and
+    every artifact still verifies."""
+    origins = [origin_id(n + 1) for n in range(len(held))]
+    victim = data.draw(st.integers(0, len(held) - 1), label="origin")
+    seq = data.draw(st.sampled_from(sorted(held[victim])), label="seq")
+    change = data.draw(st.sampled_from(CORRUPTIONS), label="change")
+    with tempfile.TemporaryDirectory() as tmp:
+        palace = Path(tmp) / "p"
+        with Store.open(palace, wall_ms=FakeClock(), new_id=CountingIds()) as store:
+            for origin, seqs in zip(origins, held, strict=True):
+                store.apply_remote([KIT.op(origin, s) for s in sorted(seqs)])
+            assert store.audit().ok
+        raw(palace, f"UPDATE events SET {change} WHERE origin_replica = ? AND origin_seq = ?",
+            (origins[victim], seq))
+        with Store.open(palace, read_only=True) as store:
+            report = store.audit()
+    assert not report.ok and report.artifacts.ok
+    found = {o.origin: o for o in report.origins}
+    assert set(found) == set(origins)
+    for origin, seqs in zip(origins, held, strict=True):
+        result = found[origin]
+        assert (result.ops, result.top, result.entries) == (len(seqs), max(seqs), len(seqs))
+        if origin == origins[victim]:
+            assert result.problem is not None
+            assert (result.problem.kind, result.problem.seq) == ("mismatch", seq)
+        else:
+            assert result.ok
