@@ -11,7 +11,7 @@ lets everything else (a `StoreError`: disk full, read-only) end the round.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,6 +29,16 @@ class StoreLike(Protocol):
     def missing_artifacts(self, ids: Iterable[str]) -> list[str]: ...
 
     def apply_remote(self, events: list[dict], artifacts: list[dict]) -> Any: ...
+
+    def apply_chained(self, events: list[dict], artifacts: list[dict], origin: str, after: int,
+                      prev: bytes) -> Any: ...
+
+    def chain_digests_at(self, origin: str, seqs: Sequence[int]) -> list[bytes | None]: ...
+
+    def list_ops(self, origin: str, after: int = 0, limit: int = 500, *,
+                 max_limit: int = 500) -> list[dict]: ...
+
+    def record_divergence(self, **found: Any) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -50,14 +60,48 @@ class MissingArtifacts:
 
 @dataclass(frozen=True, eq=False)
 class ApplyPage:
-    """Apply one page in one transaction; answered by the store's `ApplyResult`."""
+    """Apply one page in one transaction; answered by the store's `ApplyResult`. With
+    `prev` (the peer's chain digest at `after`, `ext=chain`), only if ours is the same."""
 
     events: list[dict]
     artifacts: list[dict]
+    origin: str = ""
+    after: int = 0
+    prev: bytes | None = None
 
 
-StoreEffect = ReadVector | ReadOwnSeen | MissingArtifacts | ApplyPage
-STORE_EFFECTS = (ReadVector, ReadOwnSeen, MissingArtifacts, ApplyPage)
+@dataclass(frozen=True)
+class ReadDigests:
+    """Our chain digest at each `(origin, seq)` (None above the chain's tip)."""
+
+    points: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class ReadOps:
+    """Up to `limit` of our held ops of `origin` above `after`, as served."""
+
+    origin: str
+    after: int
+    limit: int
+
+
+@dataclass(frozen=True, eq=False)
+class RecordDivergence:
+    """Record a chain divergence found against a peer (`Store.record_divergence`)."""
+
+    origin: str
+    seq: int
+    peer: str
+    local_digest: bytes | None
+    remote_digest: bytes | None
+    remote_ops: list[dict]
+
+
+StoreEffect = (ReadVector | ReadOwnSeen | MissingArtifacts | ApplyPage | ReadDigests | ReadOps
+               | RecordDivergence)
+STORE_EFFECTS = (ReadVector, ReadOwnSeen, MissingArtifacts, ApplyPage, ReadDigests, ReadOps,
+                 RecordDivergence)
 
 
 def perform(store: StoreLike, effect: StoreEffect) -> Any:
@@ -69,5 +113,18 @@ def perform(store: StoreLike, effect: StoreEffect) -> Any:
     if isinstance(effect, MissingArtifacts):
         return list(store.missing_artifacts(effect.ids))
     if isinstance(effect, ApplyPage):
+        if effect.prev is not None:
+            return store.apply_chained(effect.events, effect.artifacts, effect.origin,
+                                       effect.after, effect.prev)
         return store.apply_remote(effect.events, effect.artifacts)
+    if isinstance(effect, ReadDigests):
+        return [store.chain_digests_at(origin, [seq])[0] for origin, seq in effect.points]
+    if isinstance(effect, ReadOps):
+        return store.list_ops(effect.origin, effect.after, effect.limit,
+                              max_limit=effect.limit)
+    if isinstance(effect, RecordDivergence):
+        return store.record_divergence(
+            origin=effect.origin, seq=effect.seq, peer=effect.peer,
+            local_digest=effect.local_digest, remote_digest=effect.remote_digest,
+            remote_ops=effect.remote_ops)
     raise TypeError(f"not a store effect: {effect!r}")

@@ -57,9 +57,11 @@ from __future__ import annotations
 from collections.abc import Collection, Generator, Mapping
 from typing import Any
 
+from logsync.divergence import MAX_SEARCHES_PER_ROUND, investigate
 from logsync.effects import (
     ApplyPage,
     MissingArtifacts,
+    ReadDigests,
     ReadOwnSeen,
     ReadVector,
     StoreLike,
@@ -78,6 +80,7 @@ from logsync.report import (
     MAX_OPS_PER_ROUND,
     STOP_CAPPED,
     STOP_CAUGHT_UP,
+    STOP_DIVERGED,
     STOP_EMPTY,
     STOP_FAILED,
     STOP_SHORT,
@@ -89,6 +92,7 @@ from logsync.schedule import OriginBackoff, PullSchedule, choose_targets
 from logsync.wire import (
     ADVERTISED_MAX_PAGE,
     ADVERTISEMENT_KEY,
+    EXT_CHAIN,
     EXT_INLINE_ARTIFACTS,
     EXT_LARGE_PAGES,
     EXT_MSGPACK,
@@ -193,6 +197,9 @@ def pull_round(
     ranges = [r for r in missing_ranges(report.local_vector_before, remote.vector, own,
                                         own_seen)
               if r[0] not in held_back]
+    if ext.chain:
+        pulled = {origin for origin, _, _ in ranges} | set(held_back)
+        yield from _compare_tips(peer, remote, ext, report, pulled)
     group = FIRST_PAGES_AT_ONCE if batch_artifacts else 1
     for start in range(0, len(ranges), group):
         chunk = [OriginProgress(origin=o, start=a, target=t, reached=a)
@@ -214,11 +221,55 @@ def pull_round(
     return report
 
 
+def _compare_tips(
+    peer: str, remote: PeerVector, ext: Extensions, report: RoundReport, pulled: set[str],
+) -> Generator[Any, Any, None]:
+    """Rule 8: compare the peer's chain tip of every origin it is not ahead on with our
+    chain at that seq; search out and record each that differs (bounded per round)."""
+    local = report.local_vector_before
+    points = tuple((o, tip[0]) for o, tip in sorted(remote.tips.items())
+                   if o not in pulled and tip[0] <= local.get(o, 0))
+    ours = (yield ReadDigests(points)) if points else []
+    for (origin, seq), mine in zip(points, ours, strict=True):
+        if mine == remote.tips[origin][1]:
+            continue
+        progress = OriginProgress(origin=origin, start=local[origin], target=local[origin],
+                                  reached=local[origin])
+        report.origins[origin] = progress
+        yield from _search(peer, progress, ext, report, seq, mine, remote.tips[origin][1])
+
+
+def _search(
+    peer: str, progress: OriginProgress, ext: Extensions, report: RoundReport, seq: int,
+    mine: bytes | None, theirs: bytes | None,
+) -> Generator[Any, Any, None]:
+    """One divergence search (`divergence.investigate`) as a fault of its origin alone."""
+    progress.stop_reason = STOP_DIVERGED
+    if report.searches >= MAX_SEARCHES_PER_ROUND:
+        return  # found again next round
+    report.searches += 1
+    try:
+        yield from investigate(peer, report.peer_replica or peer, progress.origin, seq, mine,
+                               theirs, ext, progress)
+    except ORIGIN_SCOPED_ERRORS as exc:
+        _origin_failed(progress, report, exc)
+
+
+def _page_after(progress: OriginProgress, ext: Extensions) -> int:
+    """Where an origin's next page starts. Without chains (a MemPalace hub), an origin's
+    first page overlaps ours by one op: the op at our top comes again and the store
+    compares it byte for byte, so a peer that re-minted our tip is seen (a `fork`)."""
+    overlap = not ext.chain and progress.pages == 0 and progress.reached == progress.start
+    return progress.reached - 1 if overlap and progress.reached > 0 else progress.reached
+
+
 def _page_request(progress: OriginProgress, ext: Extensions, limit: int) -> Request:
     """The `/sync/ops` request for an origin's next page (extensions only if advertised)."""
-    params: dict[str, Any] = {"origin": progress.origin, "after": progress.reached, "limit": limit}
+    params: dict[str, Any] = {"origin": progress.origin, "after": _page_after(progress, ext),
+                              "limit": limit}
     asked = [EXT_LARGE_PAGES] if limit > UPSTREAM_PAGE_LIMIT else []
     asked += [EXT_INLINE_ARTIFACTS] if ext.inline_artifacts else []
+    asked += [EXT_CHAIN] if ext.chain else []
     if asked:
         params[EXTENSIONS_PARAM] = ",".join(asked)
     return Request("/sync/ops", params, accept_msgpack=ext.msgpack)
@@ -295,15 +346,17 @@ def pull_origin(
             else:
                 report.requests += 1
                 answer = yield _page_request(progress, ext, asked)
-            page = parse_page(answer, peer, progress.origin, progress.reached, asked,
-                              inline_asked=ext.inline_artifacts)
+            page = parse_page(answer, peer, progress.origin, _page_after(progress, ext), asked,
+                              inline_asked=ext.inline_artifacts, chain_asked=ext.chain)
             progress.pages += 1
             if not page.events:
                 progress.stop_reason = _stop_reason_for_empty(progress)
                 break
             artifacts = yield from obtain_artifacts(peer, page, ext, progress,
                                                     batch_artifacts, report)
-            yield from _apply_page(peer, page, artifacts, progress)
+            if (yield from _apply_page(peer, page, artifacts, progress)):
+                yield from _search(peer, progress, ext, report, page.after, None, page.prev)
+                break
         except PeerTooLargeError as exc:
             if limit > 1:
                 limit = max(1, limit // 2)  # ask again for less
@@ -431,10 +484,11 @@ def obtain_artifacts(
 
 def _apply_page(
     peer: str, page: OpsPage, artifacts: list[dict], progress: OriginProgress,
-) -> Generator[ApplyPage, Any, None]:
-    """One transaction for the page; fold the ApplyResult into the progress."""
+) -> Generator[ApplyPage, Any, bool]:
+    """One transaction for the page; fold the ApplyResult into the progress. True when
+    the page's chain does not continue ours (nothing applied: a divergence to search)."""
     try:
-        result = yield ApplyPage(page.events, artifacts)
+        result = yield ApplyPage(page.events, artifacts, page.origin, page.after, page.prev)
     except ValidationError as exc:
         raise PeerProtocolError(
             f"peer {peer}: page for origin {progress.origin} was refused by the store: {exc}",
@@ -445,8 +499,11 @@ def _apply_page(
     progress.conflicts += result.conflicts
     progress.quarantined += result.quarantined
     progress.artifacts += result.artifacts_applied
+    if progress.origin in result.diverged:
+        return True
     if progress.origin in result.stopped:
         progress.reached = max(progress.reached, result.high_water.get(progress.origin, 0))
         progress.stop_reason = f"{STOP_STORE}: {result.stopped[progress.origin]}"
     else:
         progress.reached = max(progress.reached, page.last_seq)
+    return False

@@ -16,6 +16,7 @@ STOP_SHORT = "peer served a short page before reaching its promised vector entry
 STOP_STORE = "store stopped this origin"
 STOP_FAILED = "failed"
 STOP_CAPPED = "round op cap reached; the rest next round"
+STOP_DIVERGED = "diverged"  # the peer holds another history of this origin (recorded)
 
 
 @dataclass
@@ -35,6 +36,8 @@ class OriginProgress:
     artifacts_missing: int = 0
     stop_reason: str = ""
     error_kind: str | None = None  # set when the origin failed this round (rule 6)
+    diverged_at: int | None = None  # first origin_seq where the peer's chain differs
+    digest_requests: int = 0  # `/sync/digests` requests the divergence search made
 
     @property
     def failed(self) -> bool:
@@ -64,6 +67,7 @@ class RoundReport:
     bytes_received: int = 0
     ops_budget: int = MAX_OPS_PER_ROUND
     transient_streak: int = 0
+    searches: int = 0  # divergence searches this round (`divergence.MAX_SEARCHES_PER_ROUND`)
 
     @property
     def capped(self) -> bool:

@@ -21,25 +21,31 @@ from typing import Any
 
 from logsync import __version__
 from logsync.errors import ValidationError, shorten
+from logsync.ids import is_replica_id
+from logsync.model import MAX_SEQ
 from logsync.wire import (
     ADVERTISED_MAX_PAGE,
     ADVERTISED_MAX_PAGE_BYTES,
+    ADVERTISED_TIPS,
     ADVERTISEMENT_KEY,
+    DIGESTS_PATH,
+    EXT_CHAIN,
     EXT_INLINE_ARTIFACTS,
     EXT_LARGE_PAGES,
     EXT_MSGPACK,
     EXTENSIONS_PARAM,
     LARGE_PAGE_CEILING,
+    MAX_DIGESTS_PER_REQUEST,
     UPSTREAM_PAGE_LIMIT,
 )
 
 EXT_NOTIFY = "notify"
-EXTENSIONS = (EXT_MSGPACK, EXT_LARGE_PAGES, EXT_INLINE_ARTIFACTS, EXT_NOTIFY)
+EXTENSIONS = (EXT_MSGPACK, EXT_LARGE_PAGES, EXT_INLINE_ARTIFACTS, EXT_NOTIFY, EXT_CHAIN)
 DEFAULT_MAX_PAGE_BYTES = 8 * 1024 * 1024
 DEFAULT_INLINE_ARTIFACT_BYTES = 32 * 1024 * 1024
 EVENT_OVERHEAD_BYTES = 2  # ", " between events in the JSON array
 PAGE_READ_BATCH = 100  # a budgeted page is read in batches this size, so it stops early
-SYNC_ROUTES = ("/sync/version_vector", "/sync/ops", "/sync/artifact")
+SYNC_ROUTES = ("/sync/version_vector", "/sync/ops", "/sync/artifact", DIGESTS_PATH)
 
 Answer = tuple[int, dict[str, Any]]
 VectorRead = Callable[[], Mapping[str, int]]
@@ -97,6 +103,8 @@ def answer(
             return 200, _ops(store, params, profile)
         if path == "/sync/artifact":
             return _artifact(store, params)
+        if path == DIGESTS_PATH and EXT_CHAIN in profile.extensions:
+            return 200, _digests(store, params)
     except ValidationError as exc:
         return 400, {"error": str(exc)}
     return 404, {"error": f"no route {shorten(path)}; routes are {', '.join(SYNC_ROUTES)}"}
@@ -112,6 +120,9 @@ def _vector(
         body.update(extra(replica_id, held))
     advert = profile.advertisement()
     if advert is not None:
+        if EXT_CHAIN in profile.extensions:
+            advert[ADVERTISED_TIPS] = {o: [seq, digest.hex()]
+                                       for o, (seq, digest) in store.chain_tips(held).items()}
         body[ADVERTISEMENT_KEY] = advert
     return body
 
@@ -137,7 +148,29 @@ def _ops(store: Any, params: Mapping[str, Any], profile: Profile) -> dict[str, A
     body: dict[str, Any] = {"origin": origin, "events": events, "count": len(events)}
     if EXT_INLINE_ARTIFACTS in asked:
         body["artifacts"] = page_artifacts(store, events, profile.inline_artifact_bytes)
+    if EXT_CHAIN in asked:
+        prev = store.chain_digests_at(origin, [after])[0]
+        body["chain"] = {"prev": prev.hex() if prev is not None else None}
     return body
+
+
+def _digests(store: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    """`/sync/digests?origin=O&at=s1,s2,...`: our chain at each seq (`D(s)`, see
+    `logsync/store/chainreads.py`), null above the chain's tip."""
+    origin = str(params.get("origin") or "")
+    if not is_replica_id(origin):
+        raise ValidationError(f"origin={shorten(origin)} is not a replica id")
+    raw = str(params.get("at") or "")
+    parts = raw.split(",") if raw else []
+    if not 1 <= len(parts) <= MAX_DIGESTS_PER_REQUEST:
+        raise ValidationError(f"at={shorten(raw)} must list 1 to {MAX_DIGESTS_PER_REQUEST} "
+                              "seqs, comma-separated")
+    seqs = [int_param({"at": part}, "at", -1) for part in parts]
+    if any(not 0 <= seq <= MAX_SEQ for seq in seqs):
+        raise ValidationError(f"at={shorten(raw)} must hold seqs in 0..{MAX_SEQ}")
+    found = store.chain_digests_at(origin, seqs)
+    return {"origin": origin, "digests": [[seq, d.hex() if d is not None else None]
+                                          for seq, d in zip(seqs, found, strict=True)]}
 
 
 def _artifact(store: Any, params: Mapping[str, Any]) -> Answer:

@@ -27,6 +27,14 @@ ADVERTISEMENT_KEY = "logsync"
 EXT_MSGPACK = "msgpack"
 EXT_INLINE_ARTIFACTS = "inline_artifacts"
 EXT_LARGE_PAGES = "large_pages"
+# Per-origin hash chains (`logsync/chain.py`): the vector answer's advertisement carries
+# `"tips": {origin: [seq, digest hex]}`, a page asked with `ext=chain` carries
+# `"chain": {"prev": digest hex}` (the chain at `after`), and `/sync/digests` answers
+# the chain at given seqs (the divergence search, `logsync/divergence.py`).
+EXT_CHAIN = "chain"
+ADVERTISED_TIPS = "tips"
+DIGESTS_PATH = "/sync/digests"
+MAX_DIGESTS_PER_REQUEST = 64
 ADVERTISED_MAX_PAGE = "max_page"
 ADVERTISED_MAX_PAGE_BYTES = "max_page_bytes"
 # `/sync/ops?...&ext=a,b` asks for extensions; `inline_artifacts` adds
@@ -67,11 +75,13 @@ class Extensions:
     # The peer stops a large page at a byte budget (`max_page_bytes`): a page shorter than
     # asked then means "the rest in the next page", not "nothing more".
     page_budget: bool = False
+    chain: bool = False
 
     def names(self) -> list[str]:
         used = [EXT_MSGPACK] if self.msgpack else []
         used += [EXT_INLINE_ARTIFACTS] if self.inline_artifacts else []
         used += [EXT_LARGE_PAGES] if self.max_page_limit > UPSTREAM_PAGE_LIMIT else []
+        used += [EXT_CHAIN] if self.chain else []
         return used
 
 
@@ -89,7 +99,59 @@ def parse_extensions(answer: Mapping[str, Any]) -> Extensions:
         inline_artifacts=EXT_INLINE_ARTIFACTS in names,
         max_page_limit=min(limit, LARGE_PAGE_CEILING) if large else UPSTREAM_PAGE_LIMIT,
         page_budget=large and _is_count(budget) and budget > 0,
+        chain=EXT_CHAIN in names,
     )
+
+
+def parse_tips(answer: Mapping[str, Any]) -> dict[str, tuple[int, bytes]]:
+    """The advertised chain tips, origin -> (seq, 32-byte digest); entries that are not a
+    replica id with `[seq in 1..MAX_SEQ, 64 hex]` are left out (a tip is a hint to
+    compare, never a reason to refuse the vector)."""
+    advert = answer.get(ADVERTISEMENT_KEY)
+    raw = advert.get(ADVERTISED_TIPS) if isinstance(advert, dict) else None
+    if not isinstance(raw, dict):
+        return {}
+    tips: dict[str, tuple[int, bytes]] = {}
+    for origin, tip in raw.items():
+        if not is_replica_id(origin) or not isinstance(tip, list) or len(tip) != 2:
+            continue
+        seq, digest = tip[0], parse_digest(tip[1])
+        if _is_count(seq) and 1 <= seq <= MAX_SEQ and digest is not None:
+            tips[origin] = (seq, digest)
+    return tips
+
+
+def parse_digest(value: object) -> bytes | None:
+    """A chain digest as the wire writes it (64 lowercase hex digits), or None."""
+    if not isinstance(value, str) or len(value) != 64:
+        return None
+    try:
+        digest = bytes.fromhex(value)
+    except ValueError:
+        return None
+    return digest if digest.hex() == value else None
+
+
+def parse_digests_answer(
+    answer: object, peer: str, origin: str, seqs: tuple[int, ...]
+) -> list[bytes | None]:
+    """The peer's chain digests at `seqs` from a `/sync/digests` answer
+    (`{"origin": O, "digests": [[seq, hex or null], ...]}` in the order asked; null: the
+    peer's chain does not reach that seq), else PeerProtocolError."""
+    where = f"peer {peer}: {DIGESTS_PATH} for origin {origin}"
+    rows = answer.get("digests") if isinstance(answer, dict) else None
+    if not isinstance(rows, list) or len(rows) != len(seqs):
+        raise PeerProtocolError(f"{where} answered {shorten(answer)}; expected "
+                                f"{len(seqs)} [seq, digest] pairs", peer=peer)
+    out: list[bytes | None] = []
+    for seq, row in zip(seqs, rows, strict=True):
+        digest = parse_digest(row[1]) if isinstance(row, list) and len(row) == 2 else None
+        if not isinstance(row, list) or len(row) != 2 or row[0] != seq or (
+                digest is None and row[1] is not None):
+            raise PeerProtocolError(f"{where} has {shorten(row)} where [{seq}, <64 hex or "
+                                    "null>] belongs", peer=peer)
+        out.append(digest)
+    return out
 
 
 def _is_count(value: object) -> bool:
@@ -106,6 +168,7 @@ class PeerVector:
     profiles: dict[str, Any]
     extensions: Extensions
     skipped_origins: dict[str, str]
+    tips: dict[str, tuple[int, bytes]] = field(default_factory=dict)
 
 
 def parse_vector_answer(answer: object, peer: str) -> PeerVector:
@@ -137,6 +200,7 @@ def parse_vector_answer(answer: object, peer: str) -> PeerVector:
         profiles=profiles if isinstance(profiles, dict) else {},
         extensions=parse_extensions(answer),
         skipped_origins=skipped,
+        tips=parse_tips(answer),
     )
 
 
@@ -166,6 +230,7 @@ class OpsPage:
     after: int
     events: list[dict]
     inline: dict[str, dict]
+    prev: bytes | None = None  # the peer's chain digest at `after` (`ext=chain`)
 
     @property
     def last_seq(self) -> int:
@@ -173,7 +238,8 @@ class OpsPage:
 
 
 def parse_page(
-    answer: object, peer: str, origin: str, after: int, limit: int, *, inline_asked: bool = False
+    answer: object, peer: str, origin: str, after: int, limit: int, *, inline_asked: bool = False,
+    chain_asked: bool = False,
 ) -> OpsPage:
     """Validate one `/sync/ops` answer or raise PeerProtocolError naming the problem.
     An `artifacts` key we did not ask for is not ours to interpret and is ignored."""
@@ -201,7 +267,13 @@ def parse_page(
             )
         previous = seq
     inline = _inline_artifacts(answer.get("artifacts") if inline_asked else None, fail)
-    return OpsPage(origin, after, events, inline)
+    prev = None
+    if chain_asked:
+        chain = answer.get("chain")
+        prev = parse_digest(chain.get("prev")) if isinstance(chain, dict) else None
+        if prev is None and events:
+            raise fail(f"has chain={shorten(chain)}; expected {{'prev': <64 hex>}}")
+    return OpsPage(origin, after, events, inline, prev)
 
 
 def _inline_artifacts(

@@ -217,7 +217,9 @@ def test_same_origin_seq_with_different_content_is_a_conflict(store: Store,
     store.apply_remote([original, remote.op(origin, 2)])
     forked = remote.op(origin, 1, body="rewritten")
     result = store.apply_remote([forked, remote.op(origin, 3)])
-    assert (result.applied, result.conflicts, result.quarantined) == (1, 1, 0)
+    # 3 descends from the other copy of 1: not spliced onto ours, the origin stops
+    assert (result.applied, result.conflicts, result.quarantined) == (0, 1, 0)
+    assert result.stopped == {origin: "fork"}
     assert store.get_event(original["id"])["body"] == "first"  # type: ignore[index]
     (conflict,) = store.list_conflicts()
     assert conflict["kind"] == "fork"

@@ -113,10 +113,12 @@ class World:
             return list(effect.ids)
         assert isinstance(effect, ApplyPage)
         origin = effect.events[0]["origin_replica"]
-        seqs = [e["origin_seq"] for e in effect.events]
+        held = self.held.get(origin, 0)  # an op at or below it (the overlap) is a duplicate
+        seqs = [e["origin_seq"] for e in effect.events if e["origin_seq"] > held]
         self.applied.setdefault(origin, []).extend(seqs)
-        self.held[origin] = max(self.held.get(origin, 0), seqs[-1])
-        return ApplyResult(applied=len(seqs), high_water={origin: self.held[origin]})
+        self.held[origin] = max([held, *seqs])
+        return ApplyResult(applied=len(seqs), duplicates=len(effect.events) - len(seqs),
+                           high_water={origin: self.held[origin]})
 
     # the driver
     def run(self, gen: Any, *, throw_batch_failure: bool = False,

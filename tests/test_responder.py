@@ -72,13 +72,14 @@ def test_a_logsync_profile_advertises_its_extensions_and_limits(store: Store) ->
     assert body["version_vector"] == {store.replica_id: 2}
     assert body["logsync"] == {
         "version": __version__,
-        "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify"],
+        "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify", "chain"],
         "max_page": 2000,
         "max_page_bytes": 1234,
+        "tips": {store.replica_id: [2, store.chain_digest(store.replica_id, 2).hex()]},
     }
     ext = parse_extensions(body)
-    assert (ext.msgpack, ext.inline_artifacts, ext.max_page_limit, ext.page_budget) == (
-        True, True, 2000, True)
+    assert (ext.msgpack, ext.inline_artifacts, ext.max_page_limit, ext.page_budget,
+            ext.chain) == (True, True, 2000, True, True)
 
 
 def test_an_upstream_hub_advertises_nothing(store: Store) -> None:
@@ -274,7 +275,7 @@ def test_an_unknown_path_is_404_naming_the_routes(store: Store) -> None:
     status, body = answer(store, "/sync/nope", {}, profile=LOGSYNC_SERVER)
     assert status == 404
     assert body == {"error": "no route '/sync/nope'; routes are /sync/version_vector, "
-                             "/sync/ops, /sync/artifact"}
+                             "/sync/ops, /sync/artifact, /sync/digests"}
 
 
 def test_store_faults_are_the_callers_not_a_400(store: Store) -> None:

@@ -279,9 +279,10 @@ async def test_version_vector_shape_and_advertisement(store: Store) -> None:
     assert body["profiles"] == {store.replica_id: body["profile"]}
     assert body["logsync"] == {
         "version": __version__,
-        "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify"],
+        "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify", "chain"],
         "max_page": 2000,
         "max_page_bytes": 8 * 1024 * 1024,
+        "tips": {store.replica_id: [3, store.chain_digest(store.replica_id, 3).hex()]},
     }
     ext = parse_extensions(body)
     assert (ext.msgpack, ext.inline_artifacts, ext.max_page_limit) == (True, True, 2000)

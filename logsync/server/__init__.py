@@ -9,6 +9,8 @@ Routes (GET only; HEAD is answered like GET):
   they know, see ``mempalace/logsync.py``).
 - ``/sync/ops?origin=&after=&limit=``  ``{"origin", "events", "count"}``, exactly upstream.
 - ``/sync/artifact?id=``  ``{"artifact": ...}``, 404 ``{"error": "artifact '<id>' not found"}``.
+- ``/sync/digests?origin=&at=s1,s2``  ``{"origin", "digests": [[seq, hex|null], ...]}``:
+  the origin's hash chain at each seq (extension ``chain``; `logsync.responder`).
 - ``/sync/peers``  the estate in the upstream shape; tokens never appear.
 - ``/logstream/stream``  Server-Sent Events with upstream filters, cursor and frames.
 - ``/metrics``  Prometheus text from a per-app registry.
@@ -24,7 +26,8 @@ Extensions, additive and negotiated (constants shared with ``logsync.engine``, t
 side); a request without them gets upstream bytes, including the silent 500 cap:
 
 - advertised in ``/sync/version_vector`` as ``"logsync": {"version": "<logsync version>",
-  "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify"], "max_page": N}``.
+  "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify", "chain"],
+  "max_page": N, "tips": {origin: [seq, digest hex]}}``.
 - ``Accept: application/msgpack`` on a ``/sync/*`` route: a 200 answer is the same object
   msgpack-encoded (``Content-Type: application/msgpack``); error bodies stay JSON.
 - ``ext=<name>[,<name>...]`` on ``/sync/ops`` (repeatable; an ``X-Logsync-Extensions``
@@ -33,6 +36,8 @@ side); a request without them gets upstream bytes, including the silent 500 cap:
   ``inline_artifacts``: the answer gains ``"artifacts": [...]``, the artifacts the page's
   events name, ordered by id, up to ``inline_artifact_bytes`` of content; any left out
   are fetched with ``/sync/artifact``.
+- ``chain``: the page gains ``"chain": {"prev": <digest hex>}``, the origin's hash chain
+  at ``after``, so a puller applies it only onto the same history (`logsync.divergence`).
 - ``notify``: ``/logstream/stream`` frees its slot when the client leaves and wakes on a
   ``ChangeNotifier``, so a peer may hold a stream open as its pull trigger.
 

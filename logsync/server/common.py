@@ -55,6 +55,7 @@ ROUTES = (
     "/sync/version_vector",
     "/sync/ops",
     "/sync/artifact",
+    "/sync/digests",
     "/sync/peers",
     "/logstream/stream",
 )

@@ -218,6 +218,7 @@ _ENDPOINTS = {
     "/sync/version_vector": version_vector,
     "/sync/ops": sync_answer,
     "/sync/artifact": sync_answer,
+    "/sync/digests": sync_answer,
     "/sync/peers": sync_peers,
     "/logstream/stream": logstream_stream,
 }

@@ -9,7 +9,9 @@ held too, a fork although it may also sit below the high-water mark, and so on d
 
   1. duplicate         (origin, origin_seq) held or earlier in this call, same content: skip
   2. fork              (origin, origin_seq) held or earlier in this call, other content:
-                       conflict, skip
+                       conflict; stops the origin (what follows descends from the other
+                       copy), but for our own origin (ops of ours lost in a restore above
+                       it are recovered, so no slot is used twice)
   3. forged_origin     claims our origin and is not an op of ours we lost (at or below our
                        top, or stamped beyond the drift bound): conflict, skip
   4. id_collision      its id is held, or applied in this call, under another key: conflict,
@@ -65,6 +67,7 @@ class ApplyResult:
     high_water: dict[str, int] = field(default_factory=dict)
     stopped: dict[str, str] = field(default_factory=dict)
     applied_per_origin: dict[str, int] = field(default_factory=dict)
+    diverged: dict[str, int] = field(default_factory=dict)  # origin -> seq (`ApplyPage.prev`)
 
 
 @dataclass
@@ -237,7 +240,10 @@ class _Applier:
             return None
         self._record(s, "fork", "the same (origin_replica, origin_seq) arrived with different "
                      "content", row_wire(s.held))
-        return SKIP
+        if s.origin == self.replica_id:
+            return SKIP
+        self._stop(s.origin, "fork")
+        return STOP
 
     def _forged_origin(self, s: _Subject) -> str | None:
         if s.origin != self.replica_id or self._recoverable(s.row, s.seq, s.top):
@@ -307,14 +313,7 @@ class _Applier:
         return bool(found)
 
     def _stored_row(self, row: sqlite3.Row) -> dict[str, Any]:
-        """A stored event in the validated-row shape, for content comparison."""
-        links = self.conn.execute(
-            "SELECT artifact_id FROM event_artifacts WHERE event_id = ? ORDER BY artifact_id",
-            (row["id"],),
-        ).fetchall()
-        stored = {k: row[k] for k in row.keys() if k != "rowid"}
-        stored["artifact_ids"] = [link[0] for link in links]
-        return stored
+        return stored_row(self.conn, row)
 
     def _stage_insert(self, row: dict[str, Any]) -> None:
         state = self.state
@@ -364,6 +363,17 @@ def next_own_seq(conn: sqlite3.Connection, replica_id: str, top: int) -> int:
         (replica_id, min(top + MAX_SLOT_SKIP, model.MAX_SEQ - 1)),
     ).fetchone()[0])
     return max(top, refused) + 1
+
+
+def stored_row(conn: sqlite3.Connection, row: sqlite3.Row) -> dict[str, Any]:
+    """A stored event in the validated-row shape, for content comparison."""
+    links = conn.execute(
+        "SELECT artifact_id FROM event_artifacts WHERE event_id = ? ORDER BY artifact_id",
+        (row["id"],),
+    ).fetchall()
+    stored = {k: row[k] for k in row.keys() if k != "rowid"}
+    stored["artifact_ids"] = [link[0] for link in links]
+    return stored
 
 
 def _raw_seq(op: Any) -> int | None:
@@ -455,40 +465,37 @@ def _quarantine(state: _ApplyState, kind: str, item: Any, reason: str) -> str:
 
 
 def _conflict(
-    state: _ApplyState,
-    kind: str,
-    item_id: str,
-    origin: str | None,
-    seq: int | None,
-    reason: str,
-    local: Any,
-    remote: Any,
+    state: _ApplyState, kind: str, item_id: str, origin: str | None, seq: int | None,
+    reason: str, local: Any, remote: Any,
 ) -> None:
+    state.conflicts.append(conflict_row(state.now, kind, item_id, origin, seq, reason, local,
+                                        remote))
+
+
+def conflict_row(
+    now: str, kind: str, item_id: str | None, origin: str | None, seq: int | None,
+    reason: str, local: Any, remote: Any,
+) -> tuple[Any, ...]:
+    """One `logsync_conflicts` row: what we hold (`local`, None if nothing) and what came."""
     local_json = None if local is None else _payload(local)
     remote_json = _payload(remote)
-    state.conflicts.append(
-        (
-            state.now,
-            kind,
-            origin,
-            seq,
-            item_id,
-            reason,
-            local_json,
-            remote_json,
-            _digest(kind, item_id, local_json or "", remote_json),
-        )
+    digest = _digest(kind, item_id or "", local_json or "", remote_json)
+    return (now, kind, origin, seq, item_id, reason, local_json, remote_json, digest)
+
+
+def record_conflicts(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Conflicts are deduplicated by digest; a repeat bumps its counter."""
+    conn.executemany(
+        "INSERT INTO logsync_conflicts (detected_at, kind, origin_replica, origin_seq, item_id, "
+        "reason, local_json, remote_json, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT(digest) DO UPDATE SET times_seen = times_seen + 1",
+        rows,
     )
 
 
 def record_ledgers(conn: sqlite3.Connection, state: _ApplyState) -> None:
     """Conflicts and quarantine are deduplicated by digest; repeats bump a counter."""
-    conn.executemany(
-        "INSERT INTO logsync_conflicts (detected_at, kind, origin_replica, origin_seq, item_id, "
-        "reason, local_json, remote_json, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT(digest) DO UPDATE SET times_seen = times_seen + 1",
-        state.conflicts,
-    )
+    record_conflicts(conn, state.conflicts)
     conn.executemany(
         "INSERT INTO logsync_quarantine (received_at, kind, origin_replica, origin_seq, item_id, "
         "reason, payload_json, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "

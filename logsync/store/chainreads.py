@@ -1,0 +1,181 @@
+"""What the chain lets a replica say and compare: its tips, its digest at any seq, and
+the record of a divergence found against a peer (issue 10, item 2).
+
+The chain digest *at* a seq ``s`` of origin ``O``, ``D(s)``, is the digest of the highest
+held op of ``O`` with ``origin_seq <= s`` (``d_0`` of ``O`` when none is held): two
+replicas holding the same ops of ``O`` up to ``s`` agree on ``D(s)``, and the first ``s``
+where they disagree is the first seq where one holds an op the other does not hold the
+same way. Above the chain's tip ``D`` is unknown (None): another program may have
+written ops the chain does not cover yet.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from logsync import model
+from logsync.chain import chain_start
+from logsync.errors import StoreError, ValidationError
+from logsync.store.apply import (
+    ApplyResult,
+    apply_page,
+    conflict_row,
+    record_conflicts,
+    stored_row,
+)
+from logsync.store.faults import describe_fault
+from logsync.store.rows import chunks, row_wire, same_event
+
+DIGEST_AT_SQL = (
+    "SELECT digest FROM logsync_chain WHERE origin = ? AND origin_seq <= ? "
+    "ORDER BY origin_seq DESC LIMIT 1"
+)
+TIP_SQL = (
+    "SELECT origin_seq, digest FROM logsync_chain WHERE origin = ? "
+    "ORDER BY origin_seq DESC LIMIT 1"
+)
+# The ops of each side recorded per divergence (the first differing ones), so a long
+# fork costs a bounded ledger, and the rest is found again by the next search.
+MAX_FORKS_RECORDED = 500
+
+
+def digests_at(conn: sqlite3.Connection, origin: str, seqs: Iterable[int]) -> list[bytes | None]:
+    """``D(s)`` for each seq (None above the chain's tip or for a seq below 0)."""
+    tip = conn.execute(TIP_SQL, (origin,)).fetchone()
+    top = int(tip[0]) if tip is not None else 0
+    out: list[bytes | None] = []
+    for seq in seqs:
+        if seq < 0 or seq > top:
+            out.append(None)
+            continue
+        row = conn.execute(DIGEST_AT_SQL, (origin, seq)).fetchone()
+        out.append(bytes(row[0]) if row is not None else chain_start(origin))
+    return out
+
+
+def tips(conn: sqlite3.Connection, vector: Mapping[str, int]) -> dict[str, tuple[int, bytes]]:
+    """Per origin of `vector`, the chain's tip when it covers the vector's entry."""
+    out: dict[str, tuple[int, bytes]] = {}
+    for origin, top in vector.items():
+        row = conn.execute(TIP_SQL, (origin,)).fetchone()
+        if row is not None and int(row[0]) >= int(top):
+            out[origin] = (int(row[0]), bytes(row[1]))
+    return out
+
+
+def record_divergence(
+    conn: sqlite3.Connection,
+    *,
+    now: str,
+    origin: str,
+    seq: int,
+    peer: str,
+    local_digest: bytes | None,
+    remote_digest: bytes | None,
+    remote_ops: Sequence[Any],
+) -> int:
+    """Record that `origin`'s chain differs from `peer`'s first at `seq`: one
+    `divergence` conflict with both digests and both versions of the op at `seq`, and a
+    `fork` conflict (both versions) for each op of `remote_ops` (the peer's ops from
+    `seq` on) whose seq we hold with other content. Nothing is inserted or overwritten.
+    Returns the conflicts recorded (repeats only bump their counter)."""
+    ours = _held(conn, origin, [s for s in (_seq(op) for op in remote_ops) if s] + [seq])
+    theirs_at = next((op for op in remote_ops if _seq(op) == seq), None)
+    held_at = ours.get(seq)
+    rows = [conflict_row(
+        now, "divergence", held_at["id"] if held_at else _id(theirs_at), origin, seq,
+        f"origin {origin}'s chain differs from peer {peer}'s from origin_seq {seq} on: the "
+        "two replicas hold different histories of this origin (a restored backup, a clone, "
+        "or a forgery); neither copy was changed",
+        {"op": row_wire(held_at) if held_at else None, "digest": _hex(local_digest)},
+        {"op": theirs_at, "digest": _hex(remote_digest), "peer": peer},
+    )]
+    for op in remote_ops[:MAX_FORKS_RECORDED]:
+        held = ours.get(_seq(op) or -1)
+        if held is None or op is theirs_at:
+            continue
+        try:
+            row = model.validate_remote_event(op)
+        except ValidationError:
+            row = None
+        if row is None or not same_event(held, row):
+            rows.append(conflict_row(
+                now, "fork", held["id"], origin, held["origin_seq"],
+                "the same (origin_replica, origin_seq) is held with different content by "
+                f"peer {peer} (found by the chain comparison)", row_wire(held), op))
+    record_conflicts(conn, rows)
+    return len(rows)
+
+
+def _held(conn: sqlite3.Connection, origin: str, seqs: list[int]) -> dict[int, dict[str, Any]]:
+    """Our held ops of `origin` at exactly these seqs (validated-row shape)."""
+    out: dict[int, dict[str, Any]] = {}
+    for chunk in chunks(sorted(set(seqs)), 500):
+        marks = ",".join("?" * len(chunk))
+        for r in conn.execute(f"SELECT * FROM events WHERE origin_replica = ? AND origin_seq "
+                              f"IN ({marks})", (origin, *chunk)).fetchall():
+            out[int(r["origin_seq"])] = stored_row(conn, r)
+    return out
+
+
+def _seq(op: Any) -> int | None:
+    seq = op.get("origin_seq") if isinstance(op, dict) else None
+    ok = isinstance(seq, int) and not isinstance(seq, bool) and 0 < seq <= model.MAX_SEQ
+    return seq if ok else None
+
+
+def _id(op: Any) -> str | None:
+    value = op.get("id") if isinstance(op, dict) else None
+    return value if isinstance(value, str) and model.ID_RE.fullmatch(value) else None
+
+
+def _hex(digest: bytes | None) -> str | None:
+    return digest.hex() if digest is not None else None
+
+
+class ChainViews:
+    """The chain-comparison methods of `Store` (it provides `_read`, `_reader`,
+    `_atomic`, `_wall_ms`)."""
+
+    _wall_ms: Any
+
+    def chain_tips(self, vector: Mapping[str, int] | None = None) -> dict[str, tuple[int, bytes]]:
+        """`(seq, digest)` of each origin's chain tip that covers `vector`'s entry
+        (default: the store's own vector)."""
+        held = self.version_vector() if vector is None else vector  # type: ignore[attr-defined]
+        return self._guarded(lambda conn: tips(conn, held))
+
+    def chain_digests_at(self, origin: str, seqs: Sequence[int]) -> list[bytes | None]:
+        """``D(s)`` for each seq (the module docstring); None above the chain's tip."""
+        return self._guarded(lambda conn: digests_at(conn, origin, seqs))
+
+    def apply_chained(
+        self, events: Sequence[Any], artifacts: Sequence[Any], origin: str, after: int,
+        prev: bytes,
+    ) -> ApplyResult:
+        """`apply_remote` for a page whose server says its chain of `origin` at `after` is
+        `prev`: applied only when ours is the same, in the same transaction as the check;
+        otherwise nothing is applied and the result names the divergence (`diverged`)."""
+        with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
+            if digests_at(conn, origin, [after])[0] != prev:
+                return ApplyResult(
+                    diverged={origin: after},
+                    stopped={origin: f"chain divergence: the peer's chain at origin_seq "
+                             f"{after} is not ours"})
+            return apply_page(conn, self.replica_id, events, artifacts,  # type: ignore[attr-defined]
+                              self._wall_ms())
+
+    def record_divergence(self, **found: Any) -> int:
+        """`record_divergence` in one write transaction (the keywords of that function
+        but `now`)."""
+        now = model.utc_now_iso(self._wall_ms())
+        with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
+            return record_divergence(conn, now=now, **found)
+
+    def _guarded(self, read: Any) -> Any:
+        try:
+            return read(self._reader())  # type: ignore[attr-defined]
+        except sqlite3.Error as exc:
+            raise StoreError(describe_fault(self.db_path, "read", exc)) from None  # type: ignore[attr-defined]
