@@ -47,6 +47,11 @@ Rules of a round:
    origins after its own. A page naming more than `MAX_ARTIFACTS_PER_PAGE` distinct
    artifacts is too large (the origin asks for fewer ops), and artifact requests go
    out `ARTIFACTS_PER_BATCH` at a time.
+8. Divergence is never silent (`logsync/divergence.py`). With a peer that speaks
+   `chain`, its tip of each origin it is not ahead on is compared with our chain at that
+   seq, and each page applies only if its `prev` is our chain at `after`; a difference
+   is searched out and recorded, never applied. Without chains, an origin's first page
+   overlaps our top by one op, which the store compares byte for byte.
 
 The wire (request steps, answer checks, extension names) is `logsync/wire.py`;
 when to pull is `logsync/schedule.py`. Both are re-exported here.
@@ -60,7 +65,6 @@ from typing import Any
 from logsync.divergence import MAX_SEARCHES_PER_ROUND, investigate
 from logsync.effects import (
     ApplyPage,
-    MissingArtifacts,
     ReadDigests,
     ReadOwnSeen,
     ReadVector,
@@ -75,7 +79,12 @@ from logsync.errors import (
     StoreError,
     ValidationError,
 )
-from logsync.model import MAX_ARTIFACTS_PER_EVENT
+from logsync.pageartifacts import (
+    ARTIFACTS_PER_BATCH,
+    MAX_ARTIFACTS_PER_PAGE,
+    obtain_artifacts,
+    referenced_artifacts,
+)
 from logsync.report import (
     MAX_OPS_PER_ROUND,
     STOP_CAPPED,
@@ -112,15 +121,14 @@ from logsync.wire import (
 )
 
 __all__ = [  # the round, and what it re-exports from wire and schedule
-    "ADVERTISED_MAX_PAGE", "ADVERTISEMENT_KEY", "EXT_INLINE_ARTIFACTS", "EXT_LARGE_PAGES",
-    "ARTIFACTS_PER_BATCH", "EXT_MSGPACK", "EXTENSIONS_PARAM", "FIRST_PAGES_AT_ONCE",
-    "LARGE_PAGE_CEILING", "MAX_ARTIFACTS_PER_PAGE",
-    "MAX_OPS_PER_ORIGIN", "MAX_OPS_PER_ROUND", "STOP_CAPPED", "STOP_CAUGHT_UP", "STOP_EMPTY",
-    "STOP_FAILED", "STOP_SHORT", "STOP_STORE", "TRANSIENT_ORIGINS_TO_GIVE_UP",
-    "UPSTREAM_PAGE_LIMIT", "Batch", "Extensions", "OriginBackoff", "OriginProgress",
-    "PeerVector", "PullSchedule", "Request", "RoundReport", "Step", "StoreLike",
-    "OpsPage", "choose_targets", "error_kind", "parse_artifact_answer", "parse_page",
-    "missing_ranges", "obtain_artifacts", "parse_extensions",
+    "ADVERTISED_MAX_PAGE", "ADVERTISEMENT_KEY", "ARTIFACTS_PER_BATCH", "EXT_INLINE_ARTIFACTS",
+    "EXT_LARGE_PAGES", "EXT_MSGPACK", "EXTENSIONS_PARAM", "FIRST_PAGES_AT_ONCE",
+    "LARGE_PAGE_CEILING", "MAX_ARTIFACTS_PER_PAGE", "MAX_OPS_PER_ORIGIN", "MAX_OPS_PER_ROUND",
+    "STOP_CAPPED", "STOP_CAUGHT_UP", "STOP_EMPTY", "STOP_FAILED", "STOP_SHORT", "STOP_STORE",
+    "TRANSIENT_ORIGINS_TO_GIVE_UP", "UPSTREAM_PAGE_LIMIT", "Batch", "Extensions",
+    "OpsPage", "OriginBackoff", "OriginProgress", "PeerVector", "PullSchedule", "Request",
+    "RoundReport", "Step", "StoreLike", "choose_targets", "error_kind", "missing_ranges",
+    "obtain_artifacts", "parse_artifact_answer", "parse_extensions", "parse_page",
     "parse_vector_answer", "pull_origin", "pull_round", "referenced_artifacts",
     "targeted_origin",
 ]
@@ -129,10 +137,6 @@ __all__ = [  # the round, and what it re-exports from wire and schedule
 # bounded by this many pages, not by the backlog).
 FIRST_PAGES_AT_ONCE = 4
 MAX_OPS_PER_ORIGIN = 50_000  # one origin's share of a round, so an endless one starves none
-# Distinct artifacts one page may name before the origin asks for fewer ops (an honest
-# full page names a few per op), and artifact requests per Batch step.
-MAX_ARTIFACTS_PER_PAGE = 10_000
-ARTIFACTS_PER_BATCH = 256
 TRANSIENT_ORIGINS_TO_GIVE_UP = 3
 
 
@@ -419,67 +423,6 @@ def _stop_reason_after_page(progress: OriginProgress, served: int, limit: int,
     if progress.reached >= progress.target:
         return STOP_CAUGHT_UP
     return STOP_SHORT if served < limit and not budgeted else ""
-
-
-def referenced_artifacts(events: list[dict], cap: int = MAX_ARTIFACTS_PER_PAGE) -> list[str]:
-    """Artifact ids the page names, first-seen order, no repeats; malformed lists (not a
-    list, longer than an op may name) are left to the store, which quarantines their op.
-    Stops once past `cap` distinct ids (the caller refuses such a page), so the work is
-    bounded whatever the page holds."""
-    seen: dict[str, None] = {}
-    for event in events:
-        ids = event.get("artifact_ids")
-        if isinstance(ids, list) and len(ids) <= MAX_ARTIFACTS_PER_EVENT:
-            seen.update((i, None) for i in ids if isinstance(i, str))
-            if len(seen) > cap:
-                break
-    return list(seen)
-
-
-def obtain_artifacts(
-    peer: str,
-    page: OpsPage,
-    ext: Extensions,
-    progress: OriginProgress,
-    batch: bool,
-    report: RoundReport,
-) -> Generator[Step, Any, list[dict]]:
-    """The artifacts the page names that the store lacks: inline ones first, the
-    rest one `/sync/artifact` request each (404 = absent, left to the store)."""
-    wanted = referenced_artifacts(page.events)
-    if len(wanted) > MAX_ARTIFACTS_PER_PAGE:  # rule 7: the origin asks for fewer ops
-        raise PeerTooLargeError(
-            f"peer {peer}: /sync/ops page for origin {page.origin} after {page.after} names "
-            f"more than {MAX_ARTIFACTS_PER_PAGE} artifacts", peer=peer)
-    missing = list((yield MissingArtifacts(tuple(wanted)))) if wanted else []
-    found = [page.inline[i] for i in missing if i in page.inline]
-    to_fetch = [i for i in missing if i not in page.inline]
-    requests = [
-        Request("/sync/artifact", {"id": i}, accept_msgpack=ext.msgpack, missing_ok=True)
-        for i in to_fetch
-    ]
-    report.requests += len(requests)
-    if batch and requests:
-        answers = []
-        for start in range(0, len(requests), ARTIFACTS_PER_BATCH):  # bounded batches
-            chunk = tuple(requests[start : start + ARTIFACTS_PER_BATCH])
-            got = yield Batch(chunk)
-            if not isinstance(got, list) or len(got) != len(chunk):
-                raise RuntimeError(f"the driver must answer a Batch of {len(chunk)} with a list")
-            answers += got
-    else:
-        answers = []
-        for request in requests:
-            answers.append((yield request))
-    for artifact_id, answer in zip(to_fetch, answers, strict=True):
-        if isinstance(answer, PeerError):
-            raise answer
-        artifact = parse_artifact_answer(answer, peer, artifact_id)
-        if artifact is None:
-            progress.artifacts_missing += 1
-        else:
-            found.append(artifact)
-    return found
 
 
 def _apply_page(

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logsync import engine
+from logsync import engine, pageartifacts
 from logsync.effects import STORE_EFFECTS, perform
 from logsync.engine import (
     TRANSIENT_ORIGINS_TO_GIVE_UP,
@@ -1255,8 +1255,8 @@ def test_a_page_naming_too_many_artifacts_asks_for_fewer_ops_and_fetches_in_boun
     1.28 M requests on the event loop. Past MAX_ARTIFACTS_PER_PAGE the origin halves its
     page (rule 7), and artifact requests go out ARTIFACTS_PER_BATCH at a time."""
     a, b = stores["a"], stores["b"]
-    monkeypatch.setattr(engine, "MAX_ARTIFACTS_PER_PAGE", 6)
-    monkeypatch.setattr(engine, "ARTIFACTS_PER_BATCH", 2)
+    monkeypatch.setattr(pageartifacts, "MAX_ARTIFACTS_PER_PAGE", 6)
+    monkeypatch.setattr(pageartifacts, "ARTIFACTS_PER_BATCH", 2)
     for i in range(4):
         ids = [a.put_artifact("note", f"n{i}-{k}", "alice")["id"] for k in range(3)]
         append(a, 1, artifact_ids=ids)
