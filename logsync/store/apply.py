@@ -28,8 +28,6 @@ Conflict and quarantine rows are deduplicated by a digest; seeing one again bump
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,9 +35,16 @@ from typing import Any
 
 from logsync import hlc as hlc_mod
 from logsync import model
-from logsync.errors import ValidationError, shorten
+from logsync.errors import ValidationError
 from logsync.replica import is_replica_id
 from logsync.store.chaining import extend_chains
+from logsync.store.ledgers import (
+    conflict_row,
+    quarantine_row,
+    raw_seq,
+    record_conflicts,
+    record_quarantine,
+)
 from logsync.store.rows import (
     artifact_dict,
     artifact_wire,
@@ -175,7 +180,7 @@ class _Applier:
                 _quarantine(state, "event", op, _validation_error(op))
             self._stop(origin, "origin_replica is not a replica id")
             return
-        seqs = [s for s in (_raw_seq(op) for op in ops) if s is not None]
+        seqs = [s for s in (raw_seq(op) for op in ops) if s is not None]
         by_seq = _existing_by_seq(conn, origin, seqs)
         ids = [  # only well-formed ids are safe to look up (a lone surrogate is not)
             op["id"]
@@ -376,14 +381,6 @@ def stored_row(conn: sqlite3.Connection, row: sqlite3.Row) -> dict[str, Any]:
     return stored
 
 
-def _raw_seq(op: Any) -> int | None:
-    """The op's origin_seq if it is an integer SQLite can hold (bounded before any SQL)."""
-    seq = op.get("origin_seq") if isinstance(op, Mapping) else None
-    if isinstance(seq, int) and not isinstance(seq, bool) and 0 < seq <= model.MAX_SEQ:
-        return seq
-    return None
-
-
 def _validation_error(op: Any) -> str:
     try:
         model.validate_remote_event(op)
@@ -399,7 +396,7 @@ def group_by_origin(events: Sequence[Any]) -> dict[str, list[Any]]:
         origin = op.get("origin_replica") if isinstance(op, Mapping) else None
         # An entry with no usable origin belongs to no history: it stands alone.
         key = origin if isinstance(origin, str) else f"<no origin: entry {index}>"
-        seq = _raw_seq(op)
+        seq = raw_seq(op)
         groups.setdefault(key, []).append((float("inf") if seq is None else seq, index, op))
     return {
         k: [op for _, _, op in sorted(v, key=lambda t: (t[0], t[1]))] for k, v in groups.items()
@@ -426,41 +423,8 @@ def fetch_by_ids(conn: sqlite3.Connection, sql: str, ids: list[str]) -> dict[str
     return out
 
 
-def _payload(value: Any) -> str:
-    """Verbatim JSON of what a peer sent; escaped where it holds lone surrogates. A value
-    JSON cannot hold (nesting past the stack, an int past str(), mixed key types) is kept
-    as the start of its repr, so recording a bad op never fails the page."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=repr)
-    except (RecursionError, ValueError, TypeError):
-        return json.dumps({"unencodable": shorten(value, 4096)})
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = json.dumps(value, ensure_ascii=True, sort_keys=True, default=repr)
-    return text
-
-
-def _digest(*parts: str) -> str:
-    return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def _quarantine(state: _ApplyState, kind: str, item: Any, reason: str) -> str:
-    payload = _payload(item)
-    origin = item.get("origin_replica") if isinstance(item, Mapping) else None
-    item_id = item.get("id") if isinstance(item, Mapping) else None
-    state.quarantine.append(
-        (
-            state.now,
-            kind,
-            origin if is_replica_id(origin) else None,
-            _raw_seq(item),
-            item_id if isinstance(item_id, str) and model.ID_RE.fullmatch(item_id) else None,
-            reason,
-            payload,
-            _digest(kind, reason, payload),
-        )
-    )
+    state.quarantine.append(quarantine_row(state.now, kind, item, reason))
     return reason
 
 
@@ -472,33 +436,6 @@ def _conflict(
                                         remote))
 
 
-def conflict_row(
-    now: str, kind: str, item_id: str | None, origin: str | None, seq: int | None,
-    reason: str, local: Any, remote: Any,
-) -> tuple[Any, ...]:
-    """One `logsync_conflicts` row: what we hold (`local`, None if nothing) and what came."""
-    local_json = None if local is None else _payload(local)
-    remote_json = _payload(remote)
-    digest = _digest(kind, item_id or "", local_json or "", remote_json)
-    return (now, kind, origin, seq, item_id, reason, local_json, remote_json, digest)
-
-
-def record_conflicts(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
-    """Conflicts are deduplicated by digest; a repeat bumps its counter."""
-    conn.executemany(
-        "INSERT INTO logsync_conflicts (detected_at, kind, origin_replica, origin_seq, item_id, "
-        "reason, local_json, remote_json, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT(digest) DO UPDATE SET times_seen = times_seen + 1",
-        rows,
-    )
-
-
 def record_ledgers(conn: sqlite3.Connection, state: _ApplyState) -> None:
-    """Conflicts and quarantine are deduplicated by digest; repeats bump a counter."""
     record_conflicts(conn, state.conflicts)
-    conn.executemany(
-        "INSERT INTO logsync_quarantine (received_at, kind, origin_replica, origin_seq, item_id, "
-        "reason, payload_json, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT(digest) DO UPDATE SET times_seen = times_seen + 1",
-        state.quarantine,
-    )
+    record_quarantine(conn, state.quarantine)

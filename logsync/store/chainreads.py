@@ -18,14 +18,9 @@ from typing import Any
 from logsync import model
 from logsync.chain import chain_start
 from logsync.errors import StoreError, ValidationError
-from logsync.store.apply import (
-    ApplyResult,
-    apply_page,
-    conflict_row,
-    record_conflicts,
-    stored_row,
-)
+from logsync.store.apply import ApplyResult, apply_page, stored_row
 from logsync.store.faults import describe_fault
+from logsync.store.ledgers import conflict_row, record_conflicts
 from logsync.store.rows import chunks, row_wire, same_event
 
 DIGEST_AT_SQL = (
