@@ -7,6 +7,7 @@ retried (STYLE.md §6)::
     ├── ValidationError (also ValueError)   bad input: one sentence naming field, value, rule
     ├── NotFoundError (also KeyError-like)  an id that does not exist here
     ├── ReplicaIdentityError                replica.json is corrupt or foreign-shaped
+    │   └── KeyFileError                    the palace's signing key file is unusable
     ├── StoreError                          the database refused (locked, corrupt, full)
     ├── ConfigError                         peers.json, scenario files, CLI settings
     └── PeerError                           anything a peer did or failed to do
@@ -34,6 +35,10 @@ class NotFoundError(LogsyncError):
 
 class ReplicaIdentityError(LogsyncError):
     """replica.json cannot be trusted; we refuse to mint a second identity."""
+
+
+class KeyFileError(ReplicaIdentityError):
+    """The signing key file is unreadable, corrupt or exposed; never replaced silently."""
 
 
 class StoreError(LogsyncError):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from logsync.errors import ReplicaIdentityError
+from logsync.keys import KEY_FILENAME
 from logsync.replica import REPLICA_FILENAME, get_replica_id, is_replica_id, read_replica_id
 from logsync.store import Store
 
@@ -25,7 +26,8 @@ def test_minted_once_in_the_new_shape_and_stable(tmp_path: Path) -> None:
     assert get_replica_id(tmp_path / "p") == first
     on_disk = json.loads((tmp_path / "p" / REPLICA_FILENAME).read_text(encoding="utf-8"))
     assert on_disk == {"replica_id": first}
-    assert not [p.name for p in (tmp_path / "p").iterdir() if p.name != REPLICA_FILENAME]
+    # Nothing else but the signing key the id is derived from (no temp files left).
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [KEY_FILENAME, REPLICA_FILENAME]
 
 
 def test_distinct_palaces_get_distinct_ids(tmp_path: Path) -> None:

@@ -223,8 +223,10 @@ def test_an_entry_without_an_op_is_extra(tmp_path: Path) -> None:
     palace = tmp_path / "p"
     build(palace)
     ghost = origin_id(9)
-    raw(palace, "INSERT INTO logsync_chain VALUES (?, 3, ?)", (REMOTE, b"\x01" * 32))
-    raw(palace, "INSERT INTO logsync_chain VALUES (?, 6, ?)", (ghost, b"\x02" * 32))
+    raw(palace, "INSERT INTO logsync_chain (origin, origin_seq, digest) VALUES (?, 3, ?)",
+        (REMOTE, b"\x01" * 32))
+    raw(palace, "INSERT INTO logsync_chain (origin, origin_seq, digest) VALUES (?, 6, ?)",
+        (ghost, b"\x02" * 32))
     code, payload = verify_json(palace)
     assert code == 3
     origins = by_origin(payload)

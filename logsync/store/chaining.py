@@ -9,12 +9,17 @@ wrote to the file, or the store predates the table), the origin is repaired inst
 recomputed from its first held op without a chain entry, in bounded batches.
 `backfill_chains` runs that check for every origin at open (`Store.open`, one
 transaction, after the integrity check and the migration that creates the table).
+
+Each entry may carry a `signature` (issue 10, item 3; `logsync/keys.py`): the origin's
+Ed25519 signature over the digest. A local append signs its op (`sign`); a caller that
+got signatures with remote ops passes them (`signatures`). A repair keeps a signature
+only where the recomputed digest equals the one it signed.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from logsync.chain import canonical_row, chain_start, compact_metadata, next_digest
@@ -25,10 +30,23 @@ CHAIN_DDL = (
     "    origin TEXT NOT NULL,\n"
     "    origin_seq INTEGER NOT NULL,\n"
     "    digest BLOB NOT NULL,\n"
+    "    signature BLOB,\n"
     "    PRIMARY KEY (origin, origin_seq)\n"
     ") WITHOUT ROWID"
 )
-INSERT_CHAIN = "INSERT OR REPLACE INTO logsync_chain (origin, origin_seq, digest) VALUES (?, ?, ?)"
+INSERT_CHAIN = (
+    "INSERT OR REPLACE INTO logsync_chain (origin, origin_seq, digest, signature) "
+    "VALUES (?, ?, ?, ?)"
+)
+# A repair rewrites digests in place: a signature survives only an unchanged digest
+# (every SET expression reads the row as it was).
+REPAIR_CHAIN = (
+    "INSERT INTO logsync_chain (origin, origin_seq, digest, signature) VALUES (?, ?, ?, NULL) "
+    "ON CONFLICT (origin, origin_seq) DO UPDATE SET digest = excluded.digest, signature = "
+    "CASE WHEN logsync_chain.digest = excluded.digest THEN logsync_chain.signature END"
+)
+# (origin whose ops to sign, digest -> 64-byte signature): how a local append signs.
+Signer = tuple[str, Callable[[bytes], bytes]]
 BACKFILL_BATCH = 5000  # events read (and digests held) at a time while repairing
 # The columns of `schema.INSERT_EVENT`, in its order (the tuples `extend_chains` gets).
 ROW_COLUMNS = (
@@ -58,11 +76,24 @@ def chain_tip(conn: sqlite3.Connection, origin: str) -> tuple[int, bytes] | None
     return None if row is None else (int(row[0]), bytes(row[1]))
 
 
+def add_signature_column(conn: sqlite3.Connection) -> None:
+    """The migration step for a chain table from before signatures (NULL: unsigned)."""
+    if "signature" not in {r[1] for r in conn.execute("PRAGMA table_info(logsync_chain)")}:
+        conn.execute("ALTER TABLE logsync_chain ADD COLUMN signature BLOB")
+
+
 def extend_chains(
-    conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]], links: Sequence[tuple[str, str]]
+    conn: sqlite3.Connection,
+    rows: Sequence[tuple[Any, ...]],
+    links: Sequence[tuple[str, str]],
+    signatures: Mapping[tuple[str, int], bytes] | None = None,
+    *,
+    sign: Signer | None = None,
 ) -> None:
     """Chain entries for event rows just inserted (`INSERT_EVENT` tuples) and their
-    `(event_id, artifact_id)` links, in the same transaction."""
+    `(event_id, artifact_id)` links, in the same transaction. `signatures` are stored as
+    given, by `(origin, origin_seq)`; `sign` signs the new ops of its origin that have none.
+    """
     if not _ENABLED or not rows:
         return
     by_origin: dict[str, list[tuple[Any, ...]]] = {}
@@ -74,17 +105,51 @@ def extend_chains(
     shas = _artifact_shas(conn, sorted({a for ids in named.values() for a in ids}))
     for origin, staged in by_origin.items():
         staged.sort(key=lambda r: r[_SEQ])
+        signer = sign[1] if sign is not None and sign[0] == origin else None
         prev = _predecessor(conn, origin, staged[0][_SEQ], staged[-1][_SEQ], len(staged))
         if prev is None:
             repair_origin(conn, origin)
+            if signatures or signer is not None:
+                _sign_entries(conn, origin, [r[_SEQ] for r in staged], signatures, signer)
             continue
         out = []
         for row in staged:
             ids = named.get(row[0])
             pairs = {a: shas.get(a) for a in ids} if ids else {}
             prev = next_digest(prev, canonical(row, pairs))
-            out.append((origin, row[_SEQ], prev))
+            out.append((origin, row[_SEQ], prev,
+                        _signature(origin, row[_SEQ], prev, signatures, signer)))
         conn.executemany(INSERT_CHAIN, out)
+
+
+def _signature(
+    origin: str, seq: int, digest: bytes, signatures: Mapping[tuple[str, int], bytes] | None,
+    signer: Callable[[bytes], bytes] | None,
+) -> bytes | None:
+    given = signatures.get((origin, seq)) if signatures else None
+    if given is None and signer is not None:
+        return signer(digest)
+    return given
+
+
+def _sign_entries(
+    conn: sqlite3.Connection, origin: str, seqs: Sequence[int],
+    signatures: Mapping[tuple[str, int], bytes] | None, signer: Callable[[bytes], bytes] | None,
+) -> None:
+    """Signatures for the staged ops after a repair wrote their entries (it writes none
+    for ops that had no entry)."""
+    for seq in seqs:
+        row = conn.execute(
+            "SELECT digest FROM logsync_chain WHERE origin = ? AND origin_seq = ?", (origin, seq)
+        ).fetchone()
+        signature = None if row is None else _signature(
+            origin, seq, bytes(row[0]), signatures, signer
+        )
+        if signature is not None:
+            conn.execute(
+                "UPDATE logsync_chain SET signature = ? WHERE origin = ? AND origin_seq = ?",
+                (signature, origin, seq),
+            )
 
 
 def _predecessor(
@@ -140,7 +205,8 @@ def _complete(conn: sqlite3.Connection, origin: str) -> bool:
 
 def repair_origin(conn: sqlite3.Connection, origin: str) -> int:
     """Recompute an origin's chain from its first held op without an entry (entries above
-    it are rewritten, entries of ops no longer held dropped); returns entries written."""
+    it are rewritten in place, keeping a signature only where the digest is unchanged;
+    entries of ops no longer held are dropped); returns entries written."""
     first = conn.execute(
         "SELECT min(e.origin_seq) FROM events e LEFT JOIN logsync_chain c "
         "ON c.origin = e.origin_replica AND c.origin_seq = e.origin_seq "
@@ -156,7 +222,12 @@ def repair_origin(conn: sqlite3.Connection, origin: str) -> int:
         ).fetchone()[0]
         if first is None:
             return 0
-    conn.execute("DELETE FROM logsync_chain WHERE origin = ? AND origin_seq >= ?", (origin, first))
+    conn.execute(
+        "DELETE FROM logsync_chain WHERE origin = ? AND origin_seq >= ? AND NOT EXISTS "
+        "(SELECT 1 FROM events e WHERE e.origin_replica = logsync_chain.origin "
+        "AND e.origin_seq = logsync_chain.origin_seq)",
+        (origin, first),
+    )
     row = conn.execute(
         "SELECT digest FROM logsync_chain WHERE origin = ? AND origin_seq < ? "
         "ORDER BY origin_seq DESC LIMIT 1",
@@ -169,7 +240,7 @@ def repair_origin(conn: sqlite3.Connection, origin: str) -> int:
         for row, pairs in batch:
             prev = next_digest(prev, canonical(row, pairs))
             out.append((origin, row[_SEQ], prev))
-        conn.executemany(INSERT_CHAIN, out)
+        conn.executemany(REPAIR_CHAIN, out)
         written += len(out)
     return written
 

@@ -13,6 +13,9 @@ Rules kept here (invariants 1-8 of docs/architecture.md); local writes live in
   `synchronous=NORMAL`.
 - `seq` (the rowid) is local arrival order, the delivery cursor; `hlc` is the
   fleet-wide merge order. Cursors never use HLC.
+- A writable open loads (or mints) the palace's signing key (`logsync/keys.py`) and
+  records its public key for our origin in the keyring; local appends sign their chain
+  digests with it. A read-only open only reads the key, if it can.
 """
 
 from __future__ import annotations
@@ -27,15 +30,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from nacl.signing import SigningKey
+
 from logsync import hlc as hlc_mod
+from logsync import model
 from logsync.errors import (
+    KeyFileError,
     ReplicaIdentityError,
     StoreError,
     ValidationError,
 )
+from logsync.keys import KEY_FILENAME, load_or_mint_signing_key, public_key_of, read_signing_key
 from logsync.replica import get_replica_id, read_replica_id
 from logsync.store.apply import ApplyResult, apply_page
 from logsync.store.chaining import backfill_chains
+from logsync.store.chainreads import ChainViews
 from logsync.store.faults import (
     BUSY_TIMEOUT_S,
     StoreNeedsWrite,
@@ -43,6 +52,7 @@ from logsync.store.faults import (
     corrupt_sentence,
     describe_fault,
 )
+from logsync.store.keyring import known_key, record_own_key
 from logsync.store.reads import Reads
 from logsync.store.schema import (
     HEALTH_UPSERT,
@@ -68,7 +78,7 @@ def default_id_factory(wall_ms: Callable[[], int]) -> IdFactory:
     return new_id
 
 
-class Store(LocalWrites, Reads):
+class Store(LocalWrites, Reads, ChainViews):
     """One palace's logstream: a WAL SQLite file, many readers, one writer."""
 
     def __init__(
@@ -79,6 +89,7 @@ class Store(LocalWrites, Reads):
         new_id: IdFactory,
         *,
         read_only: bool = False,
+        signing_key: SigningKey | None = None,
     ) -> None:
         self.palace = palace
         self.db_path = palace / DB_FILENAME
@@ -93,6 +104,10 @@ class Store(LocalWrites, Reads):
         self._conn_lock = threading.Lock()
         self._closed = False
         self._ro_uri = f"{self.db_path.resolve().as_uri()}?mode=ro"
+        self.signing_key = signing_key  # never served: only local appends use it
+        self.public_key: bytes | None = None if signing_key is None else public_key_of(
+            signing_key
+        )
         try:
             self._writer = self._connect()
             if read_only:
@@ -104,6 +119,8 @@ class Store(LocalWrites, Reads):
                     )
             else:
                 self._migrate()
+            if self.public_key is None:  # read-only without the key file: what we recorded
+                self.public_key = known_key(self._writer, replica_id)
             self._observe_stored_max()
         except BaseException:
             self.close()
@@ -154,6 +171,7 @@ class Store(LocalWrites, Reads):
                     f"{palace_path} has no replica.json yet, which a read-only open cannot "
                     "write: open it once with write access (e.g. `logsync info` as its owner)"
                 )
+            key = _read_key_if_readable(palace_path)
         else:
             if not palace_path.is_dir():
                 try:
@@ -165,9 +183,11 @@ class Store(LocalWrites, Reads):
                 with suppress(OSError):
                     palace_path.chmod(0o700)  # a directory we made; never an existing one
             rid = replica_id or get_replica_id(palace_path)
+            key = load_or_mint_signing_key(palace_path)
         try:
             store = cls(
-                palace_path, rid, wall, new_id or default_id_factory(wall), read_only=read_only
+                palace_path, rid, wall, new_id or default_id_factory(wall), read_only=read_only,
+                signing_key=key,
             )
         except sqlite3.Error as exc:
             raise StoreError(describe_fault(palace_path / DB_FILENAME, "open", exc)) from None
@@ -349,8 +369,12 @@ class Store(LocalWrites, Reads):
     # ── migrations (named, ordered, each idempotent) ──────────────────
 
     def _migrate(self) -> None:
+        """The schema, then our own key's keyring row (refused if another is recorded)."""
         with self._atomic(durable=True) as conn:
             migrate(conn, self.replica_id)
+            if self.public_key is not None:
+                record_own_key(conn, self.replica_id, self.public_key,
+                               model.utc_now_iso(self._wall_ms()))
 
     def _backfill_chains(self) -> int:
         """The last open step: chain entries for every held op that lacks one (a store
@@ -389,6 +413,17 @@ class Store(LocalWrites, Reads):
         reads the newest stored stamp within the drift bound), not here."""
         with self._atomic(durable=False) as conn:
             return apply_page(conn, self.replica_id, events, artifacts, self._wall_ms())
+
+
+def _read_key_if_readable(palace: Path) -> SigningKey | None:
+    """A read-only open's key: None when absent or not ours to read (another user's 0600
+    file: reads need no key); a corrupt or exposed file is a `StoreError` sentence."""
+    try:
+        return read_signing_key(palace)
+    except KeyFileError as exc:
+        if not os.access(palace / KEY_FILENAME, os.R_OK):
+            return None
+        raise StoreError(str(exc)) from None
 
 
 # ── argument checks ───────────────────────────────────────────────────

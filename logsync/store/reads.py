@@ -164,6 +164,20 @@ class Reads:
         )
         return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
 
+    def chain_signature(self, origin: str, seq: int) -> bytes | None:
+        """The origin's signature (64 bytes) over the op's chain digest, or None (unsigned
+        or not held)."""
+        rows = self._read(
+            "SELECT signature FROM logsync_chain WHERE origin = ? AND origin_seq = ?",
+            (origin, seq),
+        )
+        return bytes(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    def public_keys(self) -> dict[str, bytes]:
+        """Every origin's known public key (ours and those pinned), by origin."""
+        rows = self._read("SELECT origin, public_key FROM logsync_keys ORDER BY origin")
+        return {str(r[0]): bytes(r[1]) for r in rows}
+
     def audit(self, origin: str | None = None) -> AuditReport:
         """Every chain entry and artifact re-checked against a recomputation from the ops
         and contents (`logsync verify`), in one snapshot on this thread's read connection;

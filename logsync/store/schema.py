@@ -6,6 +6,8 @@ named, ordered and idempotent; a store from a release without provenance or
 topic columns gets them, and its rows are backfilled as authored here (as
 upstream does). A store without the per-origin hash chain gets the ``logsync_chain``
 table here; ``Store.open`` then computes the missing chain entries (one transaction).
+A chain table from before signatures gets its ``signature`` column, and every store the
+``logsync_keys`` keyring (``keyring.py``); MemPalace ignores both.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import sqlite3
 from datetime import UTC, datetime
 
 from logsync import hlc as hlc_mod
-from logsync.store.chaining import CHAIN_DDL
+from logsync.store.chaining import CHAIN_DDL, add_signature_column
+from logsync.store.keyring import create_keys_table
 
 EVENT_COLUMNS = (
     "id, type, stream, room, topic, from_agent, to_agent, correlation_id, branch, "
@@ -112,7 +115,7 @@ HEALTH_UPSERT = (
 )
 REQUIRED_TABLES = (
     "events", "artifacts", "event_artifacts", "logsync_conflicts", "logsync_quarantine",
-    "logsync_health", "logsync_chain",
+    "logsync_health", "logsync_chain", "logsync_keys",
 )
 PROVENANCE_COLUMNS = ("topic", "origin_replica", "origin_seq", "hlc")
 
@@ -126,6 +129,8 @@ def migrate(conn: sqlite3.Connection, replica_id: str) -> None:
     create_logsync_tables(conn)
     create_health_table(conn)
     create_chain_table(conn)
+    add_signature_column(conn)
+    create_keys_table(conn)
 
 
 def schema_problem(conn: sqlite3.Connection) -> str | None:
@@ -143,6 +148,8 @@ def schema_problem(conn: sqlite3.Connection) -> str | None:
     absent = [c for c in PROVENANCE_COLUMNS if c not in columns]
     if absent or "origin_replica" not in _columns(conn, "artifacts"):
         return "lacks the provenance columns (it needs a schema migration)"
+    if "signature" not in _columns(conn, "logsync_chain"):
+        return "lacks the logsync_chain signature column (it needs a schema migration)"
     unstamped = conn.execute(
         "SELECT 1 FROM events WHERE origin_replica IS NULL LIMIT 1"
     ).fetchone()

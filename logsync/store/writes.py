@@ -2,13 +2,16 @@
 
 Locally authored events get a gap-free `origin_seq` (above every slot of ours a peer
 holds, see `apply.next_own_seq`) and an HLC later than everything stored, committed
-with `synchronous=FULL`: they are the only copy that exists.
+with `synchronous=FULL`: they are the only copy that exists. Each one's chain digest is
+signed with the palace's key (`logsync/keys.py`) in the same transaction, when the store
+has one, so peers can later check that we wrote it.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from logsync import model
@@ -16,8 +19,9 @@ from logsync.errors import (
     StoreError,
     ValidationError,
 )
+from logsync.keys import sign_digest
 from logsync.store.apply import next_own_seq
-from logsync.store.chaining import extend_chains
+from logsync.store.chaining import Signer, extend_chains
 from logsync.store.schema import INSERT_ARTIFACT, INSERT_EVENT
 
 
@@ -138,8 +142,14 @@ class LocalWrites:
             ) from None
         links = [(event_id, a) for a in fields["artifact_ids"]]
         conn.executemany("INSERT INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)", links)
-        extend_chains(conn, [row], links)  # the op's chain entry, in the same transaction
+        # The op's chain entry and its signature, in the same transaction.
+        extend_chains(conn, [row], links, sign=self._signer())
         return event_id
+
+    def _signer(self) -> Signer | None:
+        """How our own ops are signed: with the store's key, None when it has none."""
+        key = self.signing_key
+        return None if key is None else (self.replica_id, partial(sign_digest, key))
 
     def put_artifact(
         self,

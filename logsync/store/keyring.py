@@ -1,0 +1,86 @@
+"""The keyring: one Ed25519 public key per origin, table `logsync_keys` (issue 10, item 3).
+
+A key is written once and never replaced here: our own at open (source ``'self'``), a
+peer's on first sight (``'certified'`` when the origin's id is derived from the key,
+``'pinned'`` otherwise, trust on first use). A different key later for a known origin
+is reported as ``'changed'`` and left out: the caller records the conflict. MemPalace
+ignores the table. Everything here runs inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Literal
+
+from logsync.errors import KeyFileError, ValidationError
+from logsync.keys import PUBLIC_KEY_BYTES, certifies
+
+KEYS_DDL = (
+    "CREATE TABLE IF NOT EXISTS logsync_keys (\n"
+    "    origin TEXT PRIMARY KEY,\n"
+    "    public_key BLOB NOT NULL,\n"
+    "    source TEXT NOT NULL,\n"  # 'self' | 'certified' (id derived from key) | 'pinned'
+    "    first_seen TEXT NOT NULL\n"
+    ")"
+)
+SOURCES = ("self", "certified", "pinned")
+PinOutcome = Literal["new", "same", "changed"]
+
+
+def create_keys_table(conn: sqlite3.Connection) -> None:
+    """The migration step (`schema.migrate`)."""
+    conn.execute(KEYS_DDL)
+
+
+def known_key(conn: sqlite3.Connection, origin: str) -> bytes | None:
+    row = conn.execute(
+        "SELECT public_key FROM logsync_keys WHERE origin = ?", (origin,)
+    ).fetchone()
+    return None if row is None else bytes(row[0])
+
+
+def all_keys(conn: sqlite3.Connection) -> dict[str, bytes]:
+    """Every known origin's public key."""
+    return {
+        str(r[0]): bytes(r[1])
+        for r in conn.execute("SELECT origin, public_key FROM logsync_keys ORDER BY origin")
+    }
+
+
+def pin_key(conn: sqlite3.Connection, origin: str, public_key: bytes, now: str) -> PinOutcome:
+    """Pin a peer's key on first sight: 'new' (written), 'same' (already this key) or
+    'changed' (another key is pinned; nothing is written, the caller records a conflict)."""
+    return _pin(conn, origin, _checked(public_key), now, None)
+
+
+def record_own_key(conn: sqlite3.Connection, origin: str, public_key: bytes, now: str) -> None:
+    """Our own key's row, at every writable open. A different key already recorded for our
+    origin means the key file was replaced or lost: refused, like a second replica id."""
+    if _pin(conn, origin, _checked(public_key), now, "self") == "changed":
+        raise KeyFileError(
+            f"the signing key of this palace is not the one recorded for {origin} in its "
+            "store (the key file was replaced or lost): restore the original key file"
+        )
+
+
+def _pin(
+    conn: sqlite3.Connection, origin: str, key: bytes, now: str, source: str | None
+) -> PinOutcome:
+    held = known_key(conn, origin)
+    if held is not None:
+        return "same" if held == key else "changed"
+    if source is None:
+        source = "certified" if certifies(origin, key) else "pinned"
+    conn.execute(
+        "INSERT INTO logsync_keys (origin, public_key, source, first_seen) VALUES (?, ?, ?, ?)",
+        (origin, key, source, now),
+    )
+    return "new"
+
+
+def _checked(public_key: object) -> bytes:
+    raw = bytes(public_key) if isinstance(public_key, bytes | bytearray | memoryview) else None
+    if raw is None or len(raw) != PUBLIC_KEY_BYTES:
+        shape = f"{len(raw)} bytes" if raw is not None else f"a {type(public_key).__name__}"
+        raise ValidationError(f"public_key must be {PUBLIC_KEY_BYTES} raw bytes, not {shape}")
+    return raw
