@@ -5,7 +5,7 @@ written atomically, and never rotated silently: a corrupt or foreign-shaped
 file is an error, because a second identity would fork this replica's
 op-log provenance.
 
-A new palace mints its signing key first (`logsync/keys.py`) and derives its id from the
+A new palace mints its signing key first (`logsync/keyfile.py`) and derives its id from the
 public key (`self_certifying_id`), so peers can check the key against the id; a palace
 that already has an id keeps it (its key is minted at the first writable open, and
 peers pin it on first sight).
@@ -21,7 +21,8 @@ from pathlib import Path
 from logsync.errors import ReplicaIdentityError
 from logsync.files import write_exclusive
 from logsync.ids import REPLICA_ID_RE, is_replica_id
-from logsync.keys import load_or_mint_signing_key, public_key_of, self_certifying_id
+from logsync.keyfile import load_or_mint_signing_key
+from logsync.keys import public_key_of, self_certifying_id
 
 __all__ = ["REPLICA_FILENAME", "REPLICA_ID_RE", "get_replica_id", "is_replica_id",
            "mint_replica_id", "read_replica_id"]

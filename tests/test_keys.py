@@ -21,13 +21,12 @@ from nacl.signing import SigningKey
 
 from logsync import responder
 from logsync.errors import KeyFileError, ReplicaIdentityError, StoreError, ValidationError
+from logsync.keyfile import load_or_mint_signing_key, read_signing_key
 from logsync.keys import (
     KEY_FILENAME,
     SIGNATURE_DOMAIN,
     certifies,
-    load_or_mint_signing_key,
     public_key_of,
-    read_signing_key,
     self_certifying_id,
     sign_digest,
     verify_digest,
@@ -427,8 +426,17 @@ def test_the_responder_and_server_never_touch_the_key() -> None:
     sources = [ROOT / "logsync" / "responder.py", *server]
     for path in sources:
         text = path.read_text(encoding="utf-8")
-        for needle in ("signing_key", "KEY_FILENAME", "logsync-signing-key", "logsync.keys"):
+        for needle in ("signing_key", "KEY_FILENAME", "logsync-signing-key", "keyfile"):
             assert needle not in text, f"{path.name} mentions {needle}"
+
+
+def test_keys_is_pure_so_deciding_modules_can_verify() -> None:
+    """The key file lives in keyfile.py: keys.py (signatures, ids) reaches no I/O."""
+    from tests.test_layout import IO_STDLIB, imports_of, modules
+
+    known = modules()
+    ours, others = imports_of("logsync.keys", known["logsync.keys"], known)
+    assert not others & IO_STDLIB and ours == set()
 
 
 def test_the_seed_never_appears_in_any_sync_answer(store: Store) -> None:

@@ -13,7 +13,7 @@ Rules kept here (invariants 1-8 of docs/architecture.md); local writes live in
   `synchronous=NORMAL`.
 - `seq` (the rowid) is local arrival order, the delivery cursor; `hlc` is the
   fleet-wide merge order. Cursors never use HLC.
-- A writable open loads (or mints) the palace's signing key (`logsync/keys.py`) and
+- A writable open loads (or mints) the palace's signing key (`logsync/keyfile.py`) and
   records its public key for our origin in the keyring; local appends sign their chain
   digests with it. A read-only open only reads the key, if it can.
 """
@@ -40,7 +40,8 @@ from logsync.errors import (
     StoreError,
     ValidationError,
 )
-from logsync.keys import KEY_FILENAME, load_or_mint_signing_key, public_key_of, read_signing_key
+from logsync.keyfile import KEY_FILENAME, load_or_mint_signing_key, read_signing_key
+from logsync.keys import public_key_of
 from logsync.replica import get_replica_id, read_replica_id
 from logsync.store.apply import ApplyResult, apply_page
 from logsync.store.chaining import backfill_chains
