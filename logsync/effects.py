@@ -11,7 +11,7 @@ lets everything else (a `StoreError`: disk full, read-only) end the round.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,7 +31,9 @@ class StoreLike(Protocol):
     def apply_remote(self, events: list[dict], artifacts: list[dict]) -> Any: ...
 
     def apply_chained(self, events: list[dict], artifacts: list[dict], origin: str, after: int,
-                      prev: bytes) -> Any: ...
+                      prev: bytes, signatures: Mapping[int, bytes] | None = None) -> Any: ...
+
+    def pin_keys(self, keys: Mapping[str, bytes], peer: str) -> dict[str, str]: ...
 
     def chain_digests_at(self, origin: str, seqs: Sequence[int]) -> list[bytes | None]: ...
 
@@ -68,6 +70,7 @@ class ApplyPage:
     origin: str = ""
     after: int = 0
     prev: bytes | None = None
+    signatures: Mapping[int, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,15 @@ class ReadOps:
 
 
 @dataclass(frozen=True, eq=False)
+class PinKeys:
+    """Pin the origin keys a peer published (`Store.pin_keys`); answered by origin ->
+    'new' | 'same' | 'changed'."""
+
+    keys: Mapping[str, bytes]
+    peer: str
+
+
+@dataclass(frozen=True, eq=False)
 class RecordDivergence:
     """Record a chain divergence found against a peer (`Store.record_divergence`)."""
 
@@ -99,9 +111,9 @@ class RecordDivergence:
 
 
 StoreEffect = (ReadVector | ReadOwnSeen | MissingArtifacts | ApplyPage | ReadDigests | ReadOps
-               | RecordDivergence)
+               | RecordDivergence | PinKeys)
 STORE_EFFECTS = (ReadVector, ReadOwnSeen, MissingArtifacts, ApplyPage, ReadDigests, ReadOps,
-                 RecordDivergence)
+                 RecordDivergence, PinKeys)
 
 
 def perform(store: StoreLike, effect: StoreEffect) -> Any:
@@ -115,13 +127,15 @@ def perform(store: StoreLike, effect: StoreEffect) -> Any:
     if isinstance(effect, ApplyPage):
         if effect.prev is not None:
             return store.apply_chained(effect.events, effect.artifacts, effect.origin,
-                                       effect.after, effect.prev)
+                                       effect.after, effect.prev, effect.signatures)
         return store.apply_remote(effect.events, effect.artifacts)
     if isinstance(effect, ReadDigests):
         return [store.chain_digests_at(origin, [seq])[0] for origin, seq in effect.points]
     if isinstance(effect, ReadOps):
         return store.list_ops(effect.origin, effect.after, effect.limit,
                               max_limit=effect.limit)
+    if isinstance(effect, PinKeys):
+        return store.pin_keys(effect.keys, effect.peer)
     if isinstance(effect, RecordDivergence):
         return store.record_divergence(
             origin=effect.origin, seq=effect.seq, peer=effect.peer,

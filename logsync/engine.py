@@ -65,6 +65,7 @@ from typing import Any
 from logsync.divergence import MAX_SEARCHES_PER_ROUND, investigate
 from logsync.effects import (
     ApplyPage,
+    PinKeys,
     ReadDigests,
     ReadOwnSeen,
     ReadVector,
@@ -202,6 +203,9 @@ def pull_round(
                                         own_seen)
               if r[0] not in held_back]
     if ext.chain:
+        if remote.keys:
+            pinned = yield PinKeys(remote.keys, remote.replica_id)
+            report.key_changes = sorted(o for o, outcome in pinned.items() if outcome == "changed")
         pulled = {origin for origin, _, _ in ranges} | set(held_back)
         yield from _compare_tips(peer, remote, ext, report, pulled)
     group = FIRST_PAGES_AT_ONCE if batch_artifacts else 1
@@ -431,7 +435,8 @@ def _apply_page(
     """One transaction for the page; fold the ApplyResult into the progress. True when
     the page's chain does not continue ours (nothing applied: a divergence to search)."""
     try:
-        result = yield ApplyPage(page.events, artifacts, page.origin, page.after, page.prev)
+        result = yield ApplyPage(page.events, artifacts, page.origin, page.after, page.prev,
+                                 page.signatures)
     except ValidationError as exc:
         raise PeerProtocolError(
             f"peer {peer}: page for origin {progress.origin} was refused by the store: {exc}",

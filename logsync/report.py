@@ -68,6 +68,7 @@ class RoundReport:
     ops_budget: int = MAX_OPS_PER_ROUND
     transient_streak: int = 0
     searches: int = 0  # divergence searches this round (`divergence.MAX_SEARCHES_PER_ROUND`)
+    key_changes: list[str] = field(default_factory=list)  # origins whose key the peer changed
 
     @property
     def capped(self) -> bool:

@@ -23,7 +23,9 @@ from logsync import __version__
 from logsync.errors import ValidationError, shorten
 from logsync.ids import is_replica_id
 from logsync.model import MAX_SEQ
+from logsync.pagechain import carries_signature, signed_end
 from logsync.wire import (
+    ADVERTISED_KEYS,
     ADVERTISED_MAX_PAGE,
     ADVERTISED_MAX_PAGE_BYTES,
     ADVERTISED_TIPS,
@@ -123,6 +125,7 @@ def _vector(
         if EXT_CHAIN in profile.extensions:
             advert[ADVERTISED_TIPS] = {o: [seq, digest.hex()]
                                        for o, (seq, digest) in store.chain_tips(held).items()}
+            advert[ADVERTISED_KEYS] = {o: key.hex() for o, key in store.public_keys().items()}
         body[ADVERTISEMENT_KEY] = advert
     return body
 
@@ -145,13 +148,30 @@ def _ops(store: Any, params: Mapping[str, Any], profile: Profile) -> dict[str, A
         events = budget_page(store, origin, after, limit, cap, profile.max_page_bytes)
     else:  # an upstream client gets exactly upstream's page
         events = store.list_ops(origin, after, limit, max_limit=cap)
+    chain = _page_chain(store, origin, after, events) if EXT_CHAIN in asked else None
     body: dict[str, Any] = {"origin": origin, "events": events, "count": len(events)}
     if EXT_INLINE_ARTIFACTS in asked:
         body["artifacts"] = page_artifacts(store, events, profile.inline_artifact_bytes)
-    if EXT_CHAIN in asked:
-        prev = store.chain_digests_at(origin, [after])[0]
-        body["chain"] = {"prev": prev.hex() if prev is not None else None}
+    if chain is not None:
+        body["chain"] = chain
     return body
+
+
+def _page_chain(store: Any, origin: str, after: int, events: list[dict[str, Any]]
+                ) -> dict[str, Any]:
+    """The page's `chain`: our chain at `after`, and the signatures we hold at its
+    checkpoints and last op; a page with signatures is cut to end at a signed op
+    (`logsync/pagechain.py`), in place."""
+    prev = store.chain_digests_at(origin, [after])[0]
+    seqs = [event["origin_seq"] for event in events]
+    held = store.chain_signatures(origin, seqs) if seqs else {}
+    if held:
+        del events[signed_end(seqs, set(held)):]
+        seqs = seqs[:len(events)]
+    last = seqs[-1] if seqs else 0
+    return {"prev": prev.hex() if prev is not None else None,
+            "sigs": [[seq, held[seq].hex()] for seq in seqs
+                     if seq in held and carries_signature(seq, last)]}
 
 
 def _digests(store: Any, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,9 @@ EXT_LARGE_PAGES = "large_pages"
 # the chain at given seqs (the divergence search, `logsync/divergence.py`).
 EXT_CHAIN = "chain"
 ADVERTISED_TIPS = "tips"
+# ... and `"keys": {origin: public key hex}`, every origin key the server knows (its own
+# and those it pinned), so keys spread with the ops they sign (`logsync/pagechain.py`).
+ADVERTISED_KEYS = "keys"
 DIGESTS_PATH = "/sync/digests"
 MAX_DIGESTS_PER_REQUEST = 64
 ADVERTISED_MAX_PAGE = "max_page"
@@ -121,9 +124,20 @@ def parse_tips(answer: Mapping[str, Any]) -> dict[str, tuple[int, bytes]]:
     return tips
 
 
-def parse_digest(value: object) -> bytes | None:
-    """A chain digest as the wire writes it (64 lowercase hex digits), or None."""
-    if not isinstance(value, str) or len(value) != 64:
+def parse_keys(answer: Mapping[str, Any]) -> dict[str, bytes]:
+    """The advertised origin keys (32 bytes each); malformed entries are left out."""
+    advert = answer.get(ADVERTISEMENT_KEY)
+    raw = advert.get(ADVERTISED_KEYS) if isinstance(advert, dict) else None
+    if not isinstance(raw, dict):
+        return {}
+    keys = {origin: parse_digest(key) for origin, key in raw.items() if is_replica_id(origin)}
+    return {origin: key for origin, key in keys.items() if key is not None}
+
+
+def parse_digest(value: object, size: int = 32) -> bytes | None:
+    """A digest, key (32 bytes) or signature (`size` 64) as the wire writes it, lowercase
+    hex; None for anything else."""
+    if not isinstance(value, str) or len(value) != 2 * size:
         return None
     try:
         digest = bytes.fromhex(value)
@@ -169,6 +183,7 @@ class PeerVector:
     extensions: Extensions
     skipped_origins: dict[str, str]
     tips: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    keys: dict[str, bytes] = field(default_factory=dict)
 
 
 def parse_vector_answer(answer: object, peer: str) -> PeerVector:
@@ -201,6 +216,7 @@ def parse_vector_answer(answer: object, peer: str) -> PeerVector:
         extensions=parse_extensions(answer),
         skipped_origins=skipped,
         tips=parse_tips(answer),
+        keys=parse_keys(answer),
     )
 
 
@@ -231,6 +247,7 @@ class OpsPage:
     events: list[dict]
     inline: dict[str, dict]
     prev: bytes | None = None  # the peer's chain digest at `after` (`ext=chain`)
+    signatures: dict[int, bytes] = field(default_factory=dict)  # seq -> the origin's signature
 
     @property
     def last_seq(self) -> int:
@@ -273,7 +290,29 @@ def parse_page(
         prev = parse_digest(chain.get("prev")) if isinstance(chain, dict) else None
         if prev is None and events:
             raise fail(f"has chain={shorten(chain)}; expected {{'prev': <64 hex>}}")
+        signatures = _signatures(chain.get("sigs") if isinstance(chain, dict) else None,
+                                 {e["origin_seq"] for e in events}, fail)
+        return OpsPage(origin, after, events, inline, prev, signatures)
     return OpsPage(origin, after, events, inline, prev)
+
+
+def _signatures(
+    raw: object, seqs: set[int], fail: Callable[[str], PeerProtocolError]
+) -> dict[int, bytes]:
+    """A page's `sigs`: `[[seq, <128 hex>], ...]`, each seq one of the page's ops."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, list) or len(raw) > len(seqs):
+        raise fail(f"has chain.sigs={shorten(raw)}, not a list of at most one per op")
+    out: dict[int, bytes] = {}
+    for entry in raw:
+        signature = parse_digest(entry[1], 64) if isinstance(entry, list) and len(entry) == 2 \
+            else None
+        if signature is None or type(entry[0]) is not int or entry[0] not in seqs:
+            raise fail(f"has chain.sigs entry {shorten(entry)}; expected [seq of the page, "
+                       "<128 hex>]")
+        out[entry[0]] = signature
+    return out
 
 
 def _inline_artifacts(

@@ -353,8 +353,11 @@ def test_a_repair_keeps_signatures_only_where_the_digest_is_unchanged(tmp_path: 
         final = own_entries(store)
     assert [e[1] == b[1] for e, b in zip(final, before, strict=True)] == [True, True, False,
                                                                             False]
-    assert [e[2] is not None for e in final] == [True, False, False, False]
+    # the tip (4) lost its signature with its digest, and the open signs it again
+    # (`sign_own_chain`: a page must be able to end at the tip)
+    assert [e[2] is not None for e in final] == [True, False, False, True]
     assert verify_digest(key, final[0][1], final[0][2])
+    assert verify_digest(key, final[3][1], final[3][2])
 
 
 # ── the keyring ───────────────────────────────────────────────────────
@@ -395,7 +398,9 @@ def test_a_store_from_before_signatures_opens_and_signs_new_appends(tmp_path: Pa
         Store.open(tmp_path, read_only=True)
     with Store.open(tmp_path) as store:
         assert store.replica_id == rid
-        assert store.chain_signature(rid, 1) is None  # written before: unsigned
+        # written before the key: the open signs it, as the tip (`sign_own_chain`)
+        assert verify_digest(store.public_key, store.chain_digest(rid, 1),
+                             store.chain_signature(rid, 1))
         store.append_event("note", "main", "lobby", "alice")
         digest = store.chain_digest(rid, 2)
         assert verify_digest(store.public_key, digest, store.chain_signature(rid, 2))
@@ -415,7 +420,7 @@ def test_a_chain_table_built_by_hand_in_the_old_shape_is_migrated(tmp_path: Path
          "digest BLOB NOT NULL, PRIMARY KEY (origin, origin_seq)) WITHOUT ROWID", ()))
     with Store.open(tmp_path) as store:
         assert store.chain_digest(rid, 1) is not None  # backfilled
-        assert store.chain_signature(rid, 1) is None
+        assert store.chain_signature(rid, 1) is not None  # and the own tip signed again
 
 
 # ── never served ──────────────────────────────────────────────────────

@@ -76,6 +76,7 @@ def test_a_logsync_profile_advertises_its_extensions_and_limits(store: Store) ->
         "max_page": 2000,
         "max_page_bytes": 1234,
         "tips": {store.replica_id: [2, store.chain_digest(store.replica_id, 2).hex()]},
+        "keys": {store.replica_id: store.public_key.hex()},
     }
     ext = parse_extensions(body)
     assert (ext.msgpack, ext.inline_artifacts, ext.max_page_limit, ext.page_budget,

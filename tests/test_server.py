@@ -283,6 +283,7 @@ async def test_version_vector_shape_and_advertisement(store: Store) -> None:
         "max_page": 2000,
         "max_page_bytes": 8 * 1024 * 1024,
         "tips": {store.replica_id: [3, store.chain_digest(store.replica_id, 3).hex()]},
+        "keys": {store.replica_id: store.public_key.hex()},
     }
     ext = parse_extensions(body)
     assert (ext.msgpack, ext.inline_artifacts, ext.max_page_limit) == (True, True, 2000)

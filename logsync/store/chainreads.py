@@ -18,9 +18,11 @@ from typing import Any
 from logsync import model
 from logsync.chain import chain_start
 from logsync.errors import StoreError, ValidationError
+from logsync.pagechain import CHECKPOINT, UNSIGNED, PageProof, verify_page
 from logsync.store.apply import ApplyResult, apply_page, stored_row
 from logsync.store.faults import describe_fault
-from logsync.store.ledgers import conflict_row, record_conflicts
+from logsync.store.keyring import known_key, pin_key
+from logsync.store.ledgers import conflict_row, quarantine_row, record_conflicts, record_quarantine
 from logsync.store.rows import chunks, row_wire, same_event
 
 DIGEST_AT_SQL = (
@@ -104,6 +106,70 @@ def record_divergence(
     return len(rows)
 
 
+def sign_own_chain(conn: sqlite3.Connection, origin: str, sign: Any) -> int:
+    """Sign the own-origin ops a page may end at (every `pagechain.CHECKPOINT`th and the
+    tip) that have no signature: ops written before this palace had a key, or by another
+    program. Without them a peer that pinned our key could not take those ops from
+    anyone. Cheap when done: a current store's tip is signed (a local append signs every
+    op), and then nothing is read. Returns how many it signed."""
+    tip = conn.execute("SELECT origin_seq, signature FROM logsync_chain WHERE origin = ? "
+                       "ORDER BY origin_seq DESC LIMIT 1", (origin,)).fetchone()
+    if tip is None or tip[1] is not None:
+        return 0
+    rows = conn.execute(
+        "SELECT origin_seq, digest FROM logsync_chain WHERE origin = ? AND signature IS NULL "
+        "AND (origin_seq % ? = 0 OR origin_seq = ?)", (origin, CHECKPOINT, tip[0])).fetchall()
+    conn.executemany(
+        "UPDATE logsync_chain SET signature = ? WHERE origin = ? AND origin_seq = ?",
+        [(sign(bytes(digest)), origin, seq) for seq, digest in rows])
+    return len(rows)
+
+
+def signatures_of(conn: sqlite3.Connection, origin: str, seqs: Sequence[int]) -> dict[int, bytes]:
+    if not seqs:
+        return {}
+    rows = conn.execute(
+        "SELECT origin_seq, signature FROM logsync_chain WHERE origin = ? AND origin_seq "
+        "BETWEEN ? AND ? AND signature IS NOT NULL", (origin, min(seqs), max(seqs)))
+    wanted = set(seqs)
+    return {int(r[0]): bytes(r[1]) for r in rows if int(r[0]) in wanted}
+
+
+def _page_shas(
+    conn: sqlite3.Connection, events: Sequence[Any], artifacts: Sequence[Any]
+) -> dict[str, str | None]:
+    """The sha256 of every artifact the page names: what we hold, else what the page (or
+    the round) brought, as declared (apply checks it against the content)."""
+    named = sorted({a for e in events if isinstance(e, Mapping)
+                    for a in (e.get("artifact_ids") or []) if isinstance(a, str)})
+    shas: dict[str, str | None] = {}
+    for chunk in chunks(named, 500):
+        marks = ",".join("?" * len(chunk))
+        shas.update((r[0], r[1]) for r in conn.execute(
+            f"SELECT id, sha256 FROM artifacts WHERE id IN ({marks})", chunk))
+    for art in artifacts:
+        if isinstance(art, Mapping) and isinstance(art.get("id"), str) \
+                and art["id"] not in shas and isinstance(art.get("sha256"), str):
+            shas[art["id"]] = art["sha256"]
+    return shas
+
+
+def _refuse(
+    conn: sqlite3.Connection, now_ms: int, events: Sequence[Any], origin: str,
+    failure: tuple[str, int, str],
+) -> ApplyResult:
+    """A page of a signed origin that does not prove itself: its failing op (the last, if
+    it is the end signature that is missing) is quarantined, nothing is applied."""
+    reason, seq, sentence = failure
+    if reason == UNSIGNED:  # nothing wrong with the ops: this server cannot prove them
+        return ApplyResult(stopped={origin: f"{reason}: {sentence}"})
+    op = next((e for e in events if isinstance(e, Mapping) and e.get("origin_seq") == seq),
+              events[-1])
+    record_quarantine(conn, [quarantine_row(model.utc_now_iso(now_ms), "event", op,
+                                            f"{reason}: {sentence}")])
+    return ApplyResult(quarantined=1, stopped={origin: reason})
+
+
 def _held(conn: sqlite3.Connection, origin: str, seqs: list[int]) -> dict[int, dict[str, Any]]:
     """Our held ops of `origin` at exactly these seqs (validated-row shape)."""
     out: dict[int, dict[str, Any]] = {}
@@ -148,19 +214,56 @@ class ChainViews:
 
     def apply_chained(
         self, events: Sequence[Any], artifacts: Sequence[Any], origin: str, after: int,
-        prev: bytes,
+        prev: bytes, signatures: Mapping[int, bytes] | None = None,
     ) -> ApplyResult:
         """`apply_remote` for a page whose server says its chain of `origin` at `after` is
-        `prev`: applied only when ours is the same, in the same transaction as the check;
-        otherwise nothing is applied and the result names the divergence (`diverged`)."""
+        `prev`, in one transaction: applied only when ours is the same (else nothing is,
+        and the result names the divergence, `diverged`), and for an origin whose key we
+        know, only when the page proves itself (`pagechain.verify_page`: else its failing
+        op is quarantined and the origin stops). Verified signatures are stored."""
+        now_ms = self._wall_ms()
         with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
             if digests_at(conn, origin, [after])[0] != prev:
                 return ApplyResult(
                     diverged={origin: after},
                     stopped={origin: f"chain divergence: the peer's chain at origin_seq "
                              f"{after} is not ours"})
-            return apply_page(conn, self.replica_id, events, artifacts,  # type: ignore[attr-defined]
-                              self._wall_ms())
+            key = known_key(conn, origin)
+            proof = None
+            if key is not None and events:
+                proof = verify_page(key, prev, events, _page_shas(conn, events, artifacts),
+                                    signatures or {})
+                if not isinstance(proof, PageProof):
+                    return _refuse(conn, now_ms, events, origin, proof)
+            result = apply_page(conn, self.replica_id, events, artifacts,  # type: ignore[attr-defined]
+                                now_ms)
+            if proof is not None:
+                conn.executemany(
+                    "UPDATE logsync_chain SET signature = ? WHERE origin = ? AND origin_seq = ? "
+                    "AND digest = ?",
+                    [(sig, origin, seq, proof.digests[seq])
+                     for seq, sig in proof.signatures.items()])
+            return result
+
+    def chain_signatures(self, origin: str, seqs: Sequence[int]) -> dict[int, bytes]:
+        """The signatures we hold for these ops of `origin`."""
+        return self._guarded(lambda conn: signatures_of(conn, origin, seqs))
+
+    def pin_keys(self, keys: Mapping[str, bytes], peer: str) -> dict[str, str]:
+        """Pin the origin keys a peer published (first sight wins, `keyring.pin_key`); a
+        different key for an origin we know is recorded as a `key_change` conflict and not
+        taken. Returns origin -> 'new' | 'same' | 'changed'."""
+        now = model.utc_now_iso(self._wall_ms())
+        with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
+            outcomes = {origin: pin_key(conn, origin, key, now) for origin, key in keys.items()}
+            record_conflicts(conn, [conflict_row(
+                now, "key_change", None, origin, None,
+                f"peer {peer} publishes another public key for origin {origin} than the one "
+                "pinned here; the pinned key stays, and ops signed by the other are refused",
+                {"public_key": (known_key(conn, origin) or b"").hex()},
+                {"public_key": keys[origin].hex(), "peer": peer},
+            ) for origin, outcome in outcomes.items() if outcome == "changed"])
+        return outcomes
 
     def record_divergence(self, **found: Any) -> int:
         """`record_divergence` in one write transaction (the keywords of that function

@@ -41,11 +41,11 @@ from logsync.errors import (
     ValidationError,
 )
 from logsync.keyfile import KEY_FILENAME, load_or_mint_signing_key, read_signing_key
-from logsync.keys import public_key_of
+from logsync.keys import public_key_of, sign_digest
 from logsync.replica import get_replica_id, read_replica_id
 from logsync.store.apply import ApplyResult, apply_page
 from logsync.store.chaining import backfill_chains
-from logsync.store.chainreads import ChainViews
+from logsync.store.chainreads import ChainViews, sign_own_chain
 from logsync.store.faults import (
     BUSY_TIMEOUT_S,
     StoreNeedsWrite,
@@ -381,9 +381,15 @@ class Store(LocalWrites, Reads, ChainViews):
         """The last open step: chain entries for every held op that lacks one (a store
         from before the chain, or ops another program such as a MemPalace hub wrote), in
         bounded batches, one durable transaction; a current store costs a few index seeks
-        per origin plus two index-range counts. Returns how many entries were written."""
+        per origin plus two index-range counts. Returns how many entries were written.
+        Then our own ops a page may end at that have no signature are signed
+        (`chainreads.sign_own_chain`: nothing to do once the own tip is signed)."""
         with self._atomic(durable=True) as conn:
-            return backfill_chains(conn)
+            written = backfill_chains(conn)
+            if self.signing_key is not None:
+                key = self.signing_key
+                sign_own_chain(conn, self.replica_id, lambda digest: sign_digest(key, digest))
+            return written
 
     def _observe_stored_max(self) -> None:
         """Seed the clock from what is stored, so a restart never ticks backwards."""
