@@ -6,7 +6,8 @@ a file, with `table`), `render` (writing one back), `clock` (virtual time and
 skewed node clocks), `network` (links and faults), `serve` (the `/sync/*` answers),
 `node` (a replica and its store), `driver` (engine rounds as messages), `workload`
 (agents appending), `topology` (edges, drawn faults), `faults` (what each fault kind
-does), `checks` (invariants), `runner` (the event loop), `report`, `plot`, `trace`.
+does), `checks` (invariants), `forks` (invariant 5 where histories part), `runner`
+(the event loop), `report`, `plot`, `trace`.
 """
 
 from logsync.sim.report import SimReport, summarise

@@ -10,8 +10,12 @@ Per node (at the end of the safety phase and after convergence):
 Across the fleet (after convergence):
   the same vector, the same (origin, origin_seq) -> event and id -> artifact, byte
   for byte; where two replicas hold different content for one key, some replica must
-  have recorded a conflict naming it (invariant 5: divergence is never silent);
-  the same owed sets, claim winners and presence on every node.
+  have recorded a conflict naming it (invariant 5: divergence is never silent), every
+  replica lacking a key another holds must have recorded a divergence or fork of its
+  origin (it refused the other history), and every replica that met another version in
+  a round that compared the origin must have recorded one (`forks.py`); vectors may
+  differ only where histories part; the same owed sets, claim winners and presence on
+  every node.
 Invariants 2, 7 and 8 are checked as the run goes (`node.py`, `runner.py`); the replay of
 invariant 2 is `replay_page` here. `Violations` keeps what broke, for the report.
 """
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logsync import views
+from logsync.sim import forks
 from logsync.sim.clock import VirtualClock, to_s
 from logsync.sim.node import SimNode
 from logsync.sim.report import Violation
@@ -112,6 +117,7 @@ class Snapshot:
     counts: dict[str, int] = field(default_factory=dict)
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
+    recorded: set[str] = field(default_factory=set)  # origins with a divergence or fork
 
 
 def snapshot(node: SimNode) -> Snapshot:
@@ -119,7 +125,8 @@ def snapshot(node: SimNode) -> Snapshot:
     events = list(store.iter_events())
     snap = Snapshot(node.name, node.replica_id, store.version_vector(), events,
                     counts=store.counts(), conflicts=store.list_conflicts(500),
-                    quarantine=store.list_quarantine(500))
+                    quarantine=store.list_quarantine(500),
+                    recorded=forks.recorded_origins(store))
     for event in events:
         key = (event["origin_replica"], event["origin_seq"])
         snap.by_key[key] = canonical(event)
@@ -144,6 +151,12 @@ def check_node(snap: Snapshot, node: SimNode, authored: dict[str, dict[str, Any]
     if node.vv != snap.vector:
         report(1, f"{snap.node}: the simulator's mirror {_short(node.vv)} differs from the "
                   f"store's vector {_short(snap.vector)}")
+    held = {key: event["id"] for key, event in snap.by_key.items()}
+    mirrored = {key: since[0] for key, since in node.held_since.items()}
+    if mirrored != held:
+        wrong = sorted(k for k in set(held) | set(mirrored) if held.get(k) != mirrored.get(k))
+        report(1, f"{snap.node}: the simulator's record of the ops it holds differs from the "
+                  f"store at {len(wrong)} slots, e.g. {wrong[0][0][:12]} seq {wrong[0][1]}")
     for event in snap.events:
         for artifact_id in event["artifact_ids"]:
             if artifact_id not in snap.artifacts:
@@ -171,18 +184,18 @@ class FleetVerdict:
     silent: int = 0
 
 
-def check_fleet(snaps: list[Snapshot], report: Report) -> FleetVerdict:
-    """Identical vectors, events and artifacts everywhere, or divergence that is recorded.
+def check_fleet(snaps: list[Snapshot], report: Report,
+                nodes: dict[str, SimNode] | None = None) -> FleetVerdict:
+    """Identical vectors, events and artifacts everywhere, or divergence that is recorded
+    (by every replica that met it, when `nodes` gives what each one met: `forks.py`).
 
     An artifact may be missing from some replicas only when every op naming it sits in
     a recorded divergent slot (the op itself never reached them)."""
     first = snaps[0]
     recorded_keys, recorded_ids = _recorded(snaps)
+    _check_vectors(snaps, report)
     divergent: set[tuple[str, int]] = set()
     for snap in snaps[1:]:
-        if snap.vector != first.vector:
-            report(0, f"after convergence {snap.node} has vector {_short(snap.vector)} but "
-                      f"{first.node} has {_short(first.vector)}")
         for key in set(snap.by_key) | set(first.by_key):
             if snap.by_key.get(key) != first.by_key.get(key):
                 divergent.add(key)
@@ -190,14 +203,23 @@ def check_fleet(snaps: list[Snapshot], report: Report) -> FleetVerdict:
     for origin, seq in sorted(divergent):
         held = [s.by_key[(origin, seq)] for s in snaps if (origin, seq) in s.by_key]
         names = {str(event["id"]) for event in held}
-        if (origin, seq) in recorded_keys or names & recorded_ids:
+        named = (origin, seq) in recorded_keys or bool(names & recorded_ids) \
+            or all(event == held[0] for event in held)
+        unaware = [s.node for s in snaps if (origin, seq) not in s.by_key
+                   and origin not in s.recorded]
+        if named and not unaware:
             excused.update(a for event in held for a in event.get("artifact_ids") or [])
             continue
         silent += 1
         if silent <= 5:
             holders = sorted({s.node for s in snaps if (origin, seq) in s.by_key})
             report(5, f"replicas hold different content for origin {origin[:12]} seq {seq} "
-                      f"(held by {', '.join(holders)}) and no replica recorded a conflict")
+                      f"(held by {', '.join(holders)}) and no replica recorded a conflict"
+                      if not named else
+                      f"origin {origin[:12]} seq {seq} is held by {', '.join(holders)} but not "
+                      f"by {', '.join(unaware)}, which recorded no divergence or fork of it")
+    if nodes is not None:
+        forks.check_met(snaps, nodes, divergent, report)
     if silent > 5:
         report(5, f"... and {silent - 5} more silently divergent (origin, seq) slots")
     for snap in snaps[1:]:
@@ -213,6 +235,24 @@ def check_fleet(snaps: list[Snapshot], report: Report) -> FleetVerdict:
                 report(5, f"artifact {art} differs between {first.node} and {snap.node} and "
                           "no conflict was recorded")
     return FleetVerdict(not divergent, len(divergent), len(divergent) - silent, silent)
+
+
+def _check_vectors(snaps: list[Snapshot], report: Report) -> None:
+    """Vectors may differ only where histories part: a replica behind another on an
+    origin whose ops it holds the same way has not converged."""
+    for i, low in enumerate(snaps):
+        for other in snaps[i + 1:]:
+            if low.vector == other.vector:
+                continue
+            for origin in sorted(set(low.vector) | set(other.vector)):
+                a, b = sorted((low, other), key=lambda s: s.vector.get(origin, 0))
+                top = a.vector.get(origin, 0)
+                if top < b.vector.get(origin, 0) and all(
+                        a.by_key.get((origin, s)) == b.by_key.get((origin, s))
+                        for s in range(1, top + 1)):
+                    report(0, f"after convergence {other.node} has vector "
+                              f"{_short(other.vector)} but {low.node} has {_short(low.vector)}")
+                    break
 
 
 def _recorded(snaps: list[Snapshot]) -> tuple[set[tuple[str, int]], set[str]]:
@@ -278,7 +318,7 @@ def final(nodes: dict[str, SimNode], authored: dict[str, dict[str, Any]], agents
     snaps = [snapshot(n) for n in nodes.values() if n.up]
     for snap in snaps:
         check_node(snap, nodes[snap.node], authored, report)
-    verdict = check_fleet(snaps, report) if len(snaps) > 1 else None
+    verdict = check_fleet(snaps, report, nodes) if len(snaps) > 1 else None
     view_summary = check_views(snaps, agents, report) \
         if verdict is not None and verdict.identical else {}
     return Final(snaps, verdict, view_summary)

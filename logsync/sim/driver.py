@@ -24,6 +24,7 @@ decides nothing itself:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from logsync import effects, engine
@@ -31,6 +32,7 @@ from logsync.effects import STORE_EFFECTS, ApplyPage, ReadVector
 from logsync.errors import PeerError, PeerProtocolError, PeerTransientError
 from logsync.fetchpolicy import FetchPolicy, prefetch_guess, request_key
 from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop, TargetedRound
+from logsync.sim import forks
 from logsync.sim.clock import US, to_s, to_us
 from logsync.sim.network import Message
 from logsync.sim.node import SimNode
@@ -132,7 +134,7 @@ class Driver:
             return
         report = engine.RoundReport(peer=link.name)
         if isinstance(plan, FullRound):
-            run = Run(node, link, "full", report, now_us)
+            run = Run(node, link, "full", report, now_us, held_back=plan.held_back)
             run.flows = [Flow(engine.pull_round(
                 node.replica_id, link.name, page_limit=self.spec.page_limit,
                 use_extensions=self.spec.extensions, batch_artifacts=True, report=report,
@@ -211,9 +213,11 @@ class Driver:
             node.crash_on_apply = False
             self.sim.trace.fault(f"crash {node.name} inside an apply transaction "
                                  f"({len(effect.events)} ops, {len(effect.artifacts)} artifacts)")
-            store.apply_remote(effect.events, crash_after(effect.artifacts))  # type: ignore[arg-type]
-        try:
-            result = store.apply_remote(effect.events, effect.artifacts)
+            effects.perform(store, replace(effect, artifacts=crash_after(effect.artifacts)))
+            node.crash_on_apply = True  # not reached: the page did not continue our chain
+            self.sim.trace.fault(f"{node.name} refused the page before its artifacts: still armed")
+        try:  # as the client performs it: with `prev`, only onto the same chain (rule 8)
+            result = effects.perform(store, effect)
         finally:
             node.store_changed()
         node.after_apply(effect.events, effect.artifacts, result, source)
@@ -408,6 +412,8 @@ class Driver:
         took = to_s(self.sim.clock.now_us - run.started_us)
         if error is None:
             due = link.loop.succeeded(run.report, now)
+            node.note_compared(link.name, forks.compared_origins(
+                run.report, run.held_back, full=run.kind == "full"), run.started_us)
             self.sim.trace.log("sync", f"{node.name} round {run.kind} <- {link.name} ok "
                                f"applied={run.report.applied} requests={run.report.requests} "
                                f"took={took:.6f} next={due:.6f}")
@@ -420,6 +426,7 @@ class Driver:
         self._arm(node, link)
         self.sim.metrics.conflicts_seen += run.report.conflicts
         self.sim.metrics.quarantined_seen += run.report.quarantined
+        self.sim.after_round()
 
     def _close(self, run: Run, flow: Flow) -> None:
         for mid in flow.waiting:

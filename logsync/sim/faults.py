@@ -184,6 +184,15 @@ def _start_restore(ctx: FaultContext, fault: Fault, until: float) -> None:
                         f"vector now {len(node.vv)} origins")
 
 
+def _start_clone(ctx: FaultContext, fault: Fault, until: float) -> None:
+    """`node`'s palace becomes a cold copy of `of`'s, replica id and all (a palace copied
+    to a second machine): both then write as one replica, from the same height."""
+    node, source = ctx.nodes[fault.node or ""], ctx.nodes[fault.of or ""]
+    node.become_copy_of(source)
+    ctx.trace.fault(f"{node.name} is now a copy of {source.name}'s palace (replica "
+                    f"{source.replica_id[:12]}, {sum(node.vv.values())} ops)")
+
+
 def take_backups(ctx: FaultContext, faults: list[Fault]) -> None:
     """Backups are taken when a restore fault names the moment (`backup_at`)."""
     for fault in faults:
@@ -257,4 +266,9 @@ HANDLERS: dict[str, Handler] = {
     "restore": _start_restore,
     "byzantine": _start_byzantine,
     "overload": _start_overload,
+    "clone": _start_clone,
 }
+
+# Fault kinds after which two palaces may hold different ops in one (origin, origin_seq)
+# for good (a re-minted slot): the liveness phase then ends when the fleet has settled.
+FORKING = ("restore", "clone")

@@ -9,6 +9,12 @@ itself reported.
 The driver performs the rounds' store effects on the node's real `Store` and
 tells the node what each applied page added (`after_apply`); `crash_on_apply`
 arms the driver to crash the next apply inside its transaction.
+
+For invariant 5 (`forks.py`) the node also remembers since when it holds its copy of
+each (origin, origin_seq) (`held_since`: the op's id and the virtual time it was
+authored or stored; a restore or clone keeps the time only where the op is the same),
+and, per peer and origin, when the last round that compared our chain with the peer's
+began (`compared`, noted by the driver).
 """
 
 from __future__ import annotations
@@ -92,6 +98,10 @@ class SimNode:
         self.byzantine: tuple[float, tuple[str, ...]] | None = None
         self.recent_pages: deque[tuple[list[dict], list[dict]]] = deque(maxlen=8)
         self.backups: list[tuple[float, Path]] = []
+        # (origin, origin_seq) -> (id of the op held there, virtual us since it is held)
+        self.held_since: dict[tuple[str, int], tuple[str, int]] = {}
+        # peer -> origin -> virtual us at which the last round comparing it began
+        self.compared: dict[str, dict[str, int]] = {}
 
     # ── identity and store lifecycle ──────────────────────────────────
 
@@ -108,10 +118,15 @@ class SimNode:
         self.store_changed()
         self.vv = self.stored_vector()
         self.hlcs, self.inbox = [], {}
+        now, before, self.held_since = self.sim.clock.now_us, self.held_since, {}
         for event in self.store.iter_events():  # agents restart with what the store holds
             if event["hlc"]:
                 self.hlcs.append(event["hlc"])
             self.note_arrival(event)
+            key = (event["origin_replica"], event["origin_seq"])
+            kept = before.get(key)  # the same op as before a restart or restore keeps its time
+            self.held_since[key] = kept if kept and kept[0] == event["id"] else (event["id"], now)
+            self.sim.registry.arrived(self, event)  # a restored or cloned palace's ops
         self.hlcs.sort()
         self.sim.driver.start_node(self)
 
@@ -154,6 +169,26 @@ class SimNode:
         if was_up:
             self.open()
 
+    def become_copy_of(self, other: SimNode) -> None:
+        """Replace the palace with a cold copy of `other`'s, replica id included (a clone):
+        from now on both write as that replica."""
+        self.crash(f"replaced by a copy of {other.name}'s palace")
+        was_up = other.up
+        if was_up:
+            other.crash("copied")
+        shutil.rmtree(self.dir)
+        shutil.copytree(other.dir, self.dir)
+        if was_up:
+            other.open()
+        self.replica_id = other.replica_id
+        self.open()
+
+    def note_compared(self, peer: str, origins: set[str], started_us: int) -> None:
+        """A round that began at `started_us` compared these origins with `peer`'s chain."""
+        seen = self.compared.setdefault(peer, {})
+        for origin in origins:
+            seen[origin] = max(seen.get(origin, started_us), started_us)
+
     def restore(self, backup_at: float) -> bool:
         """Replace the palace with the newest backup taken at or before `backup_at`."""
         chosen = [path for at, path in self.backups if at <= backup_at + 1e-9]
@@ -180,6 +215,7 @@ class SimNode:
             self.sim.violation(1, f"{self.name} authored origin_seq {seq} after "
                                f"{self.vv.get(self.replica_id, 0)}: local seqs must be gap-free")
         self.vv[self.replica_id] = seq
+        self.held_since[(self.replica_id, seq)] = (event["id"], self.sim.clock.now_us)
         bisect.insort(self.hlcs, stamp)
         self.note_arrival(event)
         self.sim.registry.authored(self, event)
@@ -211,6 +247,8 @@ class SimNode:
                                    f"{old} to {top} but held seqs {seqs[:5]}...: not a prefix")
             self.vv[origin] = top
             for event in fresh:
+                self.held_since[(origin, event["origin_seq"])] = (event["id"],
+                                                                  self.sim.clock.now_us)
                 bisect.insort(self.hlcs, event["hlc"])
                 self.note_arrival(event)
                 self.sim.registry.arrived(self, event)

@@ -122,6 +122,8 @@ def _fault_toml(f: Fault) -> list[str]:
         out.append(f"retry_after = {f.retry_after!r}")
     if f.kind == "restore":
         out.append(f"backup_at = {f.backup_at!r}")
+    if f.kind == "clone":
+        out.append(f'of = "{f.of}"')
     if f.kind == "byzantine":
         out += [f"rate = {f.rate!r}", f"tamper = {q(f.tamper)}"]
     if f.kind == "link" and f.link is not None:

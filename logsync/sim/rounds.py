@@ -65,6 +65,7 @@ class Run:
     flows: list[Flow] = field(default_factory=list)
     queued: list[Flow] = field(default_factory=list)
     over: bool = False
+    held_back: frozenset[str] = frozenset()  # a full round's origins left out (backing off)
     # Batch requests to this peer in flight, and those waiting for a unit: the client's
     # per-peer limiter (FetchPolicy.batch_concurrency), shared by all origins of a round.
     batch_in_flight: int = 0
@@ -100,3 +101,5 @@ class DriverHost(Protocol):
     def violation(self, invariant: int, text: str) -> None: ...
 
     def crash_mid_apply(self, node: SimNode) -> None: ...
+
+    def after_round(self) -> None: ...

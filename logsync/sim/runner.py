@@ -4,8 +4,9 @@ A run has two phases. The *safety* phase lasts `duration` of virtual time: the
 workload appends, the scripted and drawn faults come and go, and invariants are
 checked step by step. At `duration` everything heals (cuts, overrides, loss,
 crashed nodes restart, byzantine peers turn honest) and the workload stops; the
-*liveness* phase then runs until every node holds the same version vector, or
-until `expect.converge_within` passes (a violation). The stores are then
+*liveness* phase then runs until every node holds the same version vector (when a
+restore or a clone can part an origin's history: until the fleet has settled, see
+`forks.settled`), or until `expect.converge_within` passes (a violation). The stores are then
 compared in full (`checks.py`). What each fault kind does is `faults.py`.
 
 One `random.Random(seed)` makes every choice (ids, latencies, losses, workload,
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from logsync.sim import checks, faults, workload
+from logsync.sim import checks, faults, forks, workload
 from logsync.sim.clock import VirtualClock, to_s, to_us
 from logsync.sim.driver import Driver
 from logsync.sim.network import Cut, Message, Network
@@ -103,6 +104,7 @@ class Simulation:
         self.phase = "safety"
         self.heal_us: int | None = None
         self.converged_us: int | None = None
+        self.final: checks.Final | None = None
         self.done = False
         self.net = Network(self.clock, self.rng, self.trace, scenario.link, self.schedule,
                            self._deliver)
@@ -111,6 +113,8 @@ class Simulation:
         self.nodes = self._make_nodes(workdir)
         self.everyone = [a for n in self.nodes.values() for a in n.agents]
         self.faults = list(scenario.faults) + draw_faults(scenario, self.rng, self.trace)
+        # A restored or cloned palace re-uses slots: histories may part for good.
+        self.forks_possible = any(f.kind in faults.FORKING for f in self.faults)
         self.fault_ctx = faults.FaultContext(
             clock=self.clock, trace=self.trace, schedule=self.schedule, net=self.net,
             nodes=self.nodes, duration=scenario.duration, windows=self.windows,
@@ -173,8 +177,11 @@ class Simulation:
 
     def _deadline(self) -> None:
         if not self.done:
+            goal = "settled: no node behind another on the same history, every one that met " \
+                "another history recording it" if self.forks_possible else \
+                "every node holding the same version vector"
             self.violation(0, f"not converged {self.scenario.expect.converge_within:g} s after "
-                              "the heal (every node holding the same version vector)")
+                              f"the heal ({goal})")
             self.done = True
 
     def _sample(self) -> None:
@@ -334,12 +341,23 @@ class Simulation:
         checks.checkpoint(self.nodes.values(), self.registry.copies,
                           lambda i, t, w=when: self.violation(i, f"{t} ({w})"))
 
+    def after_round(self) -> None:
+        """A round ended: where histories may part, recording one can settle the fleet."""
+        if self.phase == "liveness" and self.forks_possible:
+            self._check_converged()
+
     def _check_converged(self) -> None:
         if self.done or self.converged_us is not None:
             return
-        if checks.same_vectors(list(self.nodes.values())):
+        nodes = list(self.nodes.values())
+        if not self.forks_possible and checks.same_vectors(nodes):
             self.converged_us = self.clock.now_us
             self.trace.log("check", "converged: every node holds the same version vector")
+            self.done = True
+        elif self.forks_possible and forks.settled(nodes):
+            self.converged_us = self.clock.now_us
+            self.trace.log("check", "converged: no node is behind another on the same history, "
+                           "and each that met another history recorded it")
             self.done = True
 
     # ── the end ───────────────────────────────────────────────────────
@@ -349,6 +367,7 @@ class Simulation:
         if self.converged_us is not None:
             self.samples.append((self.clock.now, [0] * len(self.nodes)))
         final = checks.final(self.nodes, self.registry.copies, self.everyone, self.violation)
+        self.final = final  # what the last checks saw (tests read the snapshots)
         for node in self.nodes.values():
             node.crash("end of run")
         self._violations.count_suppressed()

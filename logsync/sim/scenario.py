@@ -324,7 +324,16 @@ def _read_fault(t: Table, known: set[str]) -> Fault:
         rate=t.fraction("rate", 0.5),
         tamper=_read_tamper(t) if t.has("tamper") else (),
         retry_after=t.duration("retry_after", 0.0),
+        of=_read_of(t, known) if kind == "clone" else None,
     )
+
+
+def _read_of(t: Table, known: set[str]) -> str | None:
+    """A clone's source: another node than the one that becomes its copy."""
+    source = t.node("of", known)
+    if source == t.data.get("node"):
+        raise t.fail("of", source, "must name another node than 'node' (the one replaced)")
+    return source
 
 
 def _read_groups(t: Table, known: set[str]) -> tuple[tuple[str, ...], ...]:

@@ -21,7 +21,7 @@ TAMPERS = ("corrupt", "bad_artifact", "wrong_origin", "stale_fork", "id_reuse", 
            *SIM_KINDS)  # the hostile corpus shared with tests/hostile/ (logsync.hostile)
 FAULT_KINDS = (
     "partition", "oneway", "isolate", "crash", "clock_jump", "slow", "link", "flap",
-    "restore", "byzantine", "overload",
+    "restore", "byzantine", "overload", "clone",
 )
 MAX_NODES = 200
 
@@ -103,6 +103,7 @@ class Fault:
     rate: float = 0.5
     tamper: tuple[str, ...] = ()
     retry_after: float = 0.0  # overload: the Retry-After its 503s carry (0: none)
+    of: str | None = None  # clone: the node whose palace `node` becomes a copy of
 
     def describe(self) -> str:
         parts = [self.kind, f"at={self.at:g}"]
@@ -122,6 +123,8 @@ class Fault:
             parts.append("mid_apply")
         if self.kind == "restore":
             parts.append(f"backup_at={self.backup_at:g}")
+        if self.kind == "clone":
+            parts.append(f"of={self.of}")
         if self.kind == "byzantine":
             parts.append(f"rate={self.rate:g} tamper={','.join(self.tamper)}")
         if self.kind == "flap":
@@ -207,7 +210,8 @@ SYNC_KEYS = (
 WORKLOAD_KEYS = ("nodes", "rate", "from", "until", "mix", "patch_bytes")
 FAULT_KEYS = (
     "kind", "at", "until", "node", "nodes", "groups", "src", "dst", "by", "period",
-    "serve_delay", "mid_apply", "backup_at", "rate", "tamper", "retry_after", *LINK_KEYS,
+    "serve_delay", "mid_apply", "backup_at", "rate", "tamper", "retry_after", "of",
+    *LINK_KEYS,
 )
 FAULT_KIND_KEYS = {
     "partition": ("groups",),
@@ -221,12 +225,13 @@ FAULT_KIND_KEYS = {
     "restore": ("node", "backup_at"),
     "byzantine": ("node", "rate", "tamper"),
     "overload": ("node", "retry_after"),
+    "clone": ("node", "of"),
 }
 FAULT_REQUIRED = {
     "partition": ("groups",), "oneway": ("src", "dst"), "isolate": ("node",),
     "crash": ("node",), "clock_jump": ("node", "by"), "slow": ("node", "serve_delay"),
     "link": ("src", "dst"), "flap": ("nodes",), "restore": ("node", "backup_at"),
-    "byzantine": ("node", "tamper"), "overload": ("node",),
+    "byzantine": ("node", "tamper"), "overload": ("node",), "clone": ("node", "of"),
 }
 RANDOM_KEYS = (
     "partitions", "oneways", "crashes", "clock_jumps", "flaps", "slow", "link_faults",
