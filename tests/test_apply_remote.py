@@ -289,6 +289,7 @@ def test_our_own_op_above_our_top_is_recovered_and_recorded(
 ) -> None:
     """A peer holding our own op 2 while we stop at 1 means we were restored from an older
     copy: the op comes back (never a fork of seq 2 later), and the event is recorded."""
+    store.signing_key = None  # an unsigned origin: the recovery rule alone
     me = store.replica_id
     own = store.append_event("task.note", "proj", "general", "lead", body="mine")
     echoed = {k: v for k, v in own.items()}

@@ -91,6 +91,13 @@ def _profile_of(advert: dict) -> Profile:
                    max_page_bytes=budget if isinstance(budget, int) and budget >= 1 else 2**40)
 
 
+def logsync_peer(store: Store) -> FakePeer:
+    """A logsync peer with every extension (chains, tips, keys, signatures)."""
+    peer = FakePeer(store)
+    peer.profile = Profile()
+    return peer
+
+
 def open_store(root: Path, name: str) -> Store:
     return Store.open(root / name)
 
@@ -215,7 +222,8 @@ def test_a_replica_restored_from_a_backup_recovers_its_own_ops_and_records_the_f
 ):
     """b is restored from a copy taken after 2 ops; a already holds b's ops 1-5. The
     restored b writes one op (forking slot 3), then pulls: slots 4-5 come back as
-    `restored_replica`, slot 3 is a recorded fork, and b's next op gets slot 6."""
+    `restored_replica`, slot 3 is a recorded fork, and b's next op gets slot 6. Both
+    pulls go between logsync peers: a recovered op must carry b's own signature."""
     a, b = open_store(tmp_path, "a"), open_store(tmp_path, "b")
     append(b, 2)
     b.close()
@@ -223,14 +231,14 @@ def test_a_replica_restored_from_a_backup_recovers_its_own_ops_and_records_the_f
     shutil.copytree(tmp_path / "b", backup)
     b = open_store(tmp_path, "b")
     append(b, 3)
-    pull(a, FakePeer(b))
+    pull(a, logsync_peer(b))
     b.close()
     shutil.rmtree(tmp_path / "b")
     shutil.copytree(backup, tmp_path / "b")
     b = open_store(tmp_path, "b")
     assert b.version_vector()[b.replica_id] == 2
     (fork,) = append(b, 1)
-    report = pull(b, FakePeer(a))
+    report = pull(b, logsync_peer(a))
     kinds = sorted((c["kind"], c["origin_seq"]) for c in b.list_conflicts())
     assert kinds == [("fork", 3), ("restored_replica", 4), ("restored_replica", 5)]
     assert report.origins[b.replica_id].applied == 2
@@ -1208,6 +1216,7 @@ def test_a_refused_far_slot_does_not_hide_ops_lost_in_a_restore(stores, tmp_path
     """Review finding: a forged op of ours at 2**62, remembered from before a restore, made
     the restored palace never ask for its own lost ops (then re-use their slots)."""
     a, b = stores["a"], stores["b"]
+    b.signing_key = None  # an unsigned origin: the restore rule alone, through a hub
     append(b, 3)
     pull(a, FakePeer(b))
     lost = append(b, 7)  # b writes 4..10, a gets them, then b is restored to 3

@@ -160,6 +160,7 @@ def test_a_refused_slot_at_the_largest_seq_never_pushes_our_counter_past_it(
     """We hold our own op at MAX_SEQ - 5 (recovered from a peer) and a peer holds slot
     MAX_SEQ for us (refused, far-future): our next op is MAX_SEQ - 4, not MAX_SEQ + 1,
     which no peer would take."""
+    store.signing_key = None  # an unsigned origin: the recovery rule alone
     me = store.replica_id
     recovered = remote.op(me, model.MAX_SEQ - 5, ms=clock.ms + 1000)
     refused = remote.op(me, model.MAX_SEQ, ms=clock.ms + 3_600_000)
@@ -313,6 +314,7 @@ def wire(op: dict) -> dict:
 def test_an_op_claiming_our_origin_off_the_wire_is_judged_as_ours(
     store: Store, remote: RemoteKit, clock: FakeClock
 ) -> None:
+    store.signing_key = None  # an unsigned origin: the recovery rule alone
     me = store.replica_id
     forged = wire(remote.op(me, 1, ms=clock.ms + 3_600_000))
     lost = wire(remote.op(me, 1, ms=clock.ms + 1000))
@@ -326,6 +328,7 @@ def test_an_op_claiming_our_origin_off_the_wire_is_judged_as_ours(
 def test_our_lost_op_is_recovered_up_to_exactly_the_drift_bound(
     store: Store, remote: RemoteKit, clock: FakeClock, ahead: int, recovered: bool
 ) -> None:
+    store.signing_key = None  # an unsigned origin: the recovery rule alone
     me = store.replica_id
     result = store.apply_remote([remote.op(me, 1, ms=clock.ms + ahead)])
     assert result.applied == (1 if recovered else 0)
@@ -337,6 +340,7 @@ def test_a_refused_slot_just_below_the_largest_seq_is_skipped(
     store: Store, remote: RemoteKit, clock: FakeClock
 ) -> None:
     """Slot MAX_SEQ - 1 refused: our next op takes MAX_SEQ, the last slot there is."""
+    store.signing_key = None  # an unsigned origin: the recovery rule alone
     me = store.replica_id
     store.apply_remote([remote.op(me, model.MAX_SEQ - 5, ms=clock.ms + 1000),
                         remote.op(me, model.MAX_SEQ - 1, ms=clock.ms + 3_600_000)])

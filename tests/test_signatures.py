@@ -254,3 +254,33 @@ def test_own_ops_from_before_the_key_are_signed_at_checkpoints_and_tip_on_open(t
     c = Store.open(tmp_path / "c")
     pull(c, Relay(a))
     assert c.version_vector()[a.replica_id] == top and quarantined(c) == []
+
+
+def test_our_own_lost_ops_come_back_only_with_our_signature(tmp_path):
+    """A palace restored from a backup recovers its lost ops from a logsync peer (signed
+    by its own key), never through a peer that cannot carry signatures: those are
+    recorded as forged_origin and their slots are never re-used."""
+    import shutil
+    b = Store.open(tmp_path / "b")
+    append(b, 2)
+    b.close()
+    shutil.copytree(tmp_path / "b", tmp_path / "backup")
+    b = Store.open(tmp_path / "b")
+    append(b, 3, "lost")
+    a = Store.open(tmp_path / "a")
+    pull(a, Relay(b))
+    b.close()
+    shutil.rmtree(tmp_path / "b")
+    shutil.copytree(tmp_path / "backup", tmp_path / "b")
+    b = Store.open(tmp_path / "b")
+    hub = FakePeer(a)                                   # upstream-shaped: no signatures
+    pull(b, hub)
+    assert b.version_vector()[b.replica_id] == 2
+    refused = [c for c in b.list_conflicts() if c["kind"] == "forged_origin"]
+    assert sorted(c["origin_seq"] for c in refused) == [3, 4, 5]
+    assert "without this replica's signature" in refused[0]["reason"]
+    pull(b, Relay(a))                                   # a logsync peer: proven ours
+    assert b.version_vector()[b.replica_id] == 5
+    assert [e["body"] for e in b.list_ops(b.replica_id, 2, 10)] == ["lost 0", "lost 1",
+                                                                    "lost 2"]
+    assert b.append_event("task.note", "s", "r", "lead")["origin_seq"] == 6

@@ -13,7 +13,9 @@ held too, a fork although it may also sit below the high-water mark, and so on d
                        copy), but for our own origin (ops of ours lost in a restore above
                        it are recovered, so no slot is used twice)
   3. forged_origin     claims our origin and is not an op of ours we lost (at or below our
-                       top, or stamped beyond the drift bound): conflict, skip
+                       top, or stamped beyond the drift bound), or is one but unproven (no
+                       signature of ours: it came through a peer without chains): conflict,
+                       skip
   4. id_collision      its id is held, or applied in this call, under another key: conflict,
                        stop the origin
   5. history_rewrite   origin_seq at or below the origin's high-water mark, never held:
@@ -100,10 +102,15 @@ def apply_page(
     events: Sequence[Any],
     artifacts: Sequence[Any],
     now_ms: int,
+    *,
+    own_verified: bool = True,
 ) -> ApplyResult:
-    """Apply inside the caller's transaction; returns what it did."""
+    """Apply inside the caller's transaction; returns what it did. `own_verified` False:
+    ops of our own origin in this call carry no proof of our signature, so none is
+    recovered (check 3)."""
     state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
     applier = _Applier(conn, replica_id, state)
+    applier.own_verified = own_verified
     applier.apply_artifacts(artifacts)
     for origin, ops in group_by_origin(events).items():
         applier.apply_origin(origin, ops)
@@ -137,6 +144,8 @@ class _Subject:
 
 class _Applier:
     """The decisions of one apply call, over one connection inside one transaction."""
+
+    own_verified = True  # ops of our origin here are proven ours (see `apply_page`)
 
     def __init__(self, conn: sqlite3.Connection, replica_id: str, state: _ApplyState) -> None:
         self.conn = conn
@@ -251,10 +260,18 @@ class _Applier:
         return STOP
 
     def _forged_origin(self, s: _Subject) -> str | None:
-        if s.origin != self.replica_id or self._recoverable(s.row, s.seq, s.top):
+        if s.origin != self.replica_id:
             return None
-        self._record(s, "forged_origin", "an op claims this replica as its origin but this "
-                     "replica never wrote it")
+        if not self._recoverable(s.row, s.seq, s.top):
+            self._record(s, "forged_origin", "an op claims this replica as its origin but "
+                         "this replica never wrote it")
+        elif not self.own_verified:
+            self._record(s, "forged_origin", "an op of this replica's origin above what it "
+                         "holds came without this replica's signature (through a peer that "
+                         "cannot carry signatures), so it is not recovered; a logsync peer "
+                         "holding it signed can restore it")
+        else:
+            return None
         return SKIP
 
     def _id_collision(self, s: _Subject) -> str | None:

@@ -235,8 +235,10 @@ class ChainViews:
                                     signatures or {})
                 if not isinstance(proof, PageProof):
                     return _refuse(conn, now_ms, events, origin, proof)
+            # ops of ours recover only proven by our own key (verified above)
             result = apply_page(conn, self.replica_id, events, artifacts,  # type: ignore[attr-defined]
-                                now_ms)
+                                now_ms, own_verified=origin != self.replica_id  # type: ignore[attr-defined]
+                                or proof is not None)
             if proof is not None:
                 conn.executemany(
                     "UPDATE logsync_chain SET signature = ? WHERE origin = ? AND origin_seq = ? "

@@ -418,8 +418,9 @@ class Store(LocalWrites, Reads, ChainViews):
         """Fold a page of remote ops (and the artifacts they name) in, in one transaction.
         The clock absorbs the stamps it stored at the next local tick (`_catch_up_clock`
         reads the newest stored stamp within the drift bound), not here."""
-        with self._atomic(durable=False) as conn:
-            return apply_page(conn, self.replica_id, events, artifacts, self._wall_ms())
+        with self._atomic(durable=False) as conn:  # no proof: no own op is recovered here
+            return apply_page(conn, self.replica_id, events, artifacts, self._wall_ms(),
+                              own_verified=self.signing_key is None)
 
 
 def _read_key_if_readable(palace: Path) -> SigningKey | None:
