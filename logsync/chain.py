@@ -69,7 +69,8 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from json.encoder import encode_basestring
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
+from operator import itemgetter
 from typing import Any
 
 CHAIN_VERSION = 1
@@ -87,6 +88,21 @@ _encode = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 ).encode
 _quote = encode_basestring  # the encoder's string escaping for ensure_ascii=False (C)
+
+
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# The same encoder's C core, made once (`JSONEncoder.encode` builds it on every call):
+# sorted keys, compact separators, NaN and infinities refused. No circular-reference
+# check: it encodes decoded JSON, which has none.
+if c_make_encoder is not None:
+    _c_encode = c_make_encoder(None, _refuse, encode_basestring, None, ":", ",", True, False,
+                               False)
+else:  # no C accelerator: the same output through the encoder's Python path
+    def _c_encode(value: Any, _level: int) -> list[str]:
+        return [_encode(value)]
 
 
 def chain_start(origin: str) -> bytes:
@@ -118,6 +134,34 @@ def canonical_op(event: Mapping[str, Any], artifact_sha256s: Sequence[str | None
     seq = event.get("origin_seq")
     if type(seq) is not int:
         raise ValueError(f"origin_seq must be an integer, not {type(seq).__name__}")
+    _check_text(event)
+    if "metadata_json" in event:
+        metadata = compact_metadata(event["metadata_json"])
+    else:
+        value = event.get("metadata")
+        metadata = "".join(_c_encode(value, 0)) if isinstance(value, dict) and value else "{}"
+    g = event.get
+    return canonical_row(
+        g("id"), g("type"), g("stream"), g("room"), g("topic"), g("from_agent"), g("to_agent"),
+        g("correlation_id"), g("branch"), g("base_commit"), g("status"), g("body"),
+        g("created_at"), metadata, g("origin_replica"), seq, g("hlc"), pairs,
+    )
+
+
+_required = itemgetter(*REQUIRED_TEXT)
+_optional = itemgetter(*OPTIONAL_TEXT, "body")
+_OPTIONAL_TYPES = {str, type(None)}
+
+
+def _check_text(event: Mapping[str, Any]) -> None:
+    """Every text field a string (the optional ones may be absent): in C where the event
+    has all its keys (a served or stored op always does), else key by key."""
+    try:
+        if set(map(type, _required(event))) == {str} and \
+                set(map(type, _optional(event))) <= _OPTIONAL_TYPES:
+            return
+    except KeyError:
+        pass
     for key in REQUIRED_TEXT:
         if type(event.get(key)) is not str:
             raise ValueError(f"{key} must be a string, not {type(event.get(key)).__name__}")
@@ -125,17 +169,6 @@ def canonical_op(event: Mapping[str, Any], artifact_sha256s: Sequence[str | None
         value = event.get(key)
         if value is not None and type(value) is not str:
             raise ValueError(f"{key} must be a string or absent, not {type(value).__name__}")
-    if "metadata_json" in event:
-        metadata = compact_metadata(event["metadata_json"])
-    else:
-        value = event.get("metadata")
-        metadata = _encode(value) if isinstance(value, dict) and value else "{}"
-    g = event.get
-    return canonical_row(
-        g("id"), g("type"), g("stream"), g("room"), g("topic"), g("from_agent"), g("to_agent"),
-        g("correlation_id"), g("branch"), g("base_commit"), g("status"), g("body"),
-        g("created_at"), metadata, g("origin_replica"), seq, g("hlc"), pairs,
-    )
 
 
 def canonical_row(
@@ -201,7 +234,7 @@ def _compact_cached(text: str) -> str:
 def _compact(text: str) -> str:
     try:
         value = json.loads(text)
-        return _encode(value) if isinstance(value, dict) and value else "{}"
+        return "".join(_c_encode(value, 0)) if isinstance(value, dict) and value else "{}"
     except (ValueError, RecursionError):  # unparseable, or NaN/Infinity (not JSON)
         return "{}"
 

@@ -52,6 +52,7 @@ class PageProof:
 
     digests: dict[int, bytes]
     signatures: dict[int, bytes]
+    links: dict[int, tuple[bytes, bytes]]  # seq -> (digest before it, its digest)
 
 
 def verify_page(
@@ -68,6 +69,7 @@ def verify_page(
     none, such as a relay that got the ops from a MemPalace hub)."""
     digest = prev
     digests: dict[int, bytes] = {}
+    links: dict[int, tuple[bytes, bytes]] = {}
     covered = events[0].get("origin_seq")  # the first op the next signature vouches for
     last = events[-1].get("origin_seq") if events else None
     if not isinstance(last, int) or last not in signatures:
@@ -79,6 +81,7 @@ def verify_page(
         try:
             if not isinstance(ids, list) or not all(isinstance(a, str) for a in ids):
                 raise ValueError("artifact_ids is not a list of ids")
+            before = digest
             digest = next_digest(digest, canonical_op(event, [artifact_sha256s.get(a)
                                                               for a in ids]))
         except (ValueError, TypeError) as exc:
@@ -86,6 +89,7 @@ def verify_page(
                     f"the op cannot be put on the origin's chain: {exc}")
         assert isinstance(seq, int)
         digests[seq] = digest
+        links[seq] = (before, digest)
         signature = signatures.get(seq) if carries_signature(seq, last) else None
         if signature is None:
             continue
@@ -96,4 +100,4 @@ def verify_page(
         covered = seq + 1
     kept = {seq: sig for seq, sig in signatures.items()
             if seq in digests and carries_signature(seq, last)}
-    return PageProof(digests, kept)
+    return PageProof(digests, kept, links)

@@ -104,10 +104,12 @@ def apply_page(
     now_ms: int,
     *,
     own_verified: bool = True,
+    known: Mapping[tuple[str, int], tuple[bytes, bytes]] | None = None,
 ) -> ApplyResult:
     """Apply inside the caller's transaction; returns what it did. `own_verified` False:
     ops of our own origin in this call carry no proof of our signature, so none is
-    recovered (check 3)."""
+    recovered (check 3). `known`: chain digests a verified page already computed
+    (`chaining.extend_chains`)."""
     state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
     applier = _Applier(conn, replica_id, state)
     applier.own_verified = own_verified
@@ -119,7 +121,7 @@ def apply_page(
         "INSERT OR IGNORE INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)",
         state.links,
     )
-    extend_chains(conn, state.events, state.links)  # each op's chain entry, same transaction
+    extend_chains(conn, state.events, state.links, known=known)  # same transaction
     record_ledgers(conn, state)
     return ApplyResult(
         applied=len(state.events), duplicates=state.duplicates,

@@ -89,10 +89,14 @@ def extend_chains(
     signatures: Mapping[tuple[str, int], bytes] | None = None,
     *,
     sign: Signer | None = None,
+    known: Mapping[tuple[str, int], tuple[bytes, bytes]] | None = None,
 ) -> None:
     """Chain entries for event rows just inserted (`INSERT_EVENT` tuples) and their
     `(event_id, artifact_id)` links, in the same transaction. `signatures` are stored as
     given, by `(origin, origin_seq)`; `sign` signs the new ops of its origin that have none.
+    `known` holds digests already computed for these ops (a verified page,
+    `pagechain.PageProof.links`): `(origin, seq) -> (digest before, digest)`, used only
+    where the digest before is the one this chain reached, so it is the same hash.
     """
     if not _ENABLED or not rows:
         return
@@ -114,9 +118,13 @@ def extend_chains(
             continue
         out = []
         for row in staged:
-            ids = named.get(row[0])
-            pairs = {a: shas.get(a) for a in ids} if ids else {}
-            prev = next_digest(prev, canonical(row, pairs))
+            link = known.get((origin, row[_SEQ])) if known else None
+            if link is not None and link[0] == prev:
+                prev = link[1]
+            else:
+                ids = named.get(row[0])
+                pairs = {a: shas.get(a) for a in ids} if ids else {}
+                prev = next_digest(prev, canonical(row, pairs))
             out.append((origin, row[_SEQ], prev,
                         _signature(origin, row[_SEQ], prev, signatures, signer)))
         conn.executemany(INSERT_CHAIN, out)

@@ -236,9 +236,11 @@ class ChainViews:
                 if not isinstance(proof, PageProof):
                     return _refuse(conn, now_ms, events, origin, proof)
             # ops of ours recover only proven by our own key (verified above)
-            result = apply_page(conn, self.replica_id, events, artifacts,  # type: ignore[attr-defined]
-                                now_ms, own_verified=origin != self.replica_id  # type: ignore[attr-defined]
-                                or proof is not None)
+            result = apply_page(
+                conn, self.replica_id, events, artifacts, now_ms,  # type: ignore[attr-defined]
+                own_verified=origin != self.replica_id or proof is not None,  # type: ignore[attr-defined]
+                known=None if proof is None else {(origin, s): link
+                                                  for s, link in proof.links.items()})
             if proof is not None:
                 conn.executemany(
                     "UPDATE logsync_chain SET signature = ? WHERE origin = ? AND origin_seq = ? "
