@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logsync import chain
+from logsync.errors import ValidationError
 from logsync.store import DB_FILENAME, Store
 from logsync.store.faults import StoreNeedsWrite
 
@@ -490,3 +491,43 @@ def test_long_metadata_is_encoded_alike_but_never_cached() -> None:
     assert chain_mod.compact_metadata(long) == json.dumps(
         json.loads(long), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert chain_mod._compact_cached.cache_info().currsize == 1
+
+
+_json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12))
+_metadata = st.dictionaries(
+    st.text(max_size=8),
+    st.recursive(_json_scalars, lambda inner: st.lists(inner, max_size=3)
+                 | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8),
+    max_size=4)
+_optional = st.one_of(st.none(), st.just(""), st.text(min_size=1, max_size=10).filter(
+    lambda t: t.strip() == t and "\x00" not in t))
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(metadata=_metadata, topic=_optional, status=_optional, body=st.text(max_size=40),
+       with_artifact=st.booleans())
+def test_an_op_as_served_chains_to_the_digest_stored_from_its_row(
+    tmp_path_factory: Any, metadata: dict, topic: Any, status: Any, body: str,
+    with_artifact: bool,
+) -> None:
+    """A verified page's digests, computed from the ops as served, are stored in place of
+    the store's own computation from their rows (`extend_chains(known=...)`): the two
+    must be the same bytes for any op a store accepts."""
+    store = Store.open(tmp_path_factory.mktemp("served") / "p")
+    ids = [store.put_artifact("note", "x" + body, "alice")["id"]] if with_artifact else []
+    try:
+        op = store.append_event("task.ask", "s", "r", "alice", body=body, metadata=metadata,
+                                topic=topic or None, status=status or None, artifact_ids=ids)
+    except ValidationError:  # the validator refused the generated op: nothing to check
+        store.close()
+        return
+    served = store.list_ops(store.replica_id, 0, 1)[0]
+    shas = [store.get_artifact(a)["sha256"] for a in served["artifact_ids"]]
+    served_roundtrip = json.loads(json.dumps(served))  # as a puller decodes it
+    digest = chain.next_digest(chain.chain_start(store.replica_id),
+                               chain.canonical_op(served_roundtrip, shas))
+    assert digest == store.chain_digest(store.replica_id, op["origin_seq"])
+    store.close()
