@@ -517,8 +517,9 @@ def test_an_op_as_served_chains_to_the_digest_stored_from_its_row(
     the store's own computation from their rows (`extend_chains(known=...)`): the two
     must be the same bytes for any op a store accepts."""
     store = Store.open(tmp_path_factory.mktemp("served") / "p")
-    ids = [store.put_artifact("note", "x" + body, "alice")["id"]] if with_artifact else []
     try:
+        ids = [store.put_artifact("note", "patch " + body, "alice")["id"]] if with_artifact \
+            else []
         op = store.append_event("task.ask", "s", "r", "alice", body=body, metadata=metadata,
                                 topic=topic or None, status=status or None, artifact_ids=ids)
     except ValidationError:  # the validator refused the generated op: nothing to check
