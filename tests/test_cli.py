@@ -276,9 +276,13 @@ def test_info_json(run: Any, palace: Path, remote: Any) -> None:
         "palace": str(palace), "replica_id": me,
         "version_vector": {me: 2, remote.origin(1): 3},
         "events": 5, "artifacts": 0, "conflicts": 0, "quarantined": 0,
+        "signing": {me: {"state": "signed", "signed_to": 2, "unproven": 0},
+                    remote.origin(1): {"state": "unsigned", "signed_to": 0, "unproven": 3}},
     }
     text = run("info").stdout
     assert f"replica_id  {me}" in text and "events 5" in text
+    assert f"  {me}  2  signed, signed to 2, 0 unproven" in text.splitlines()
+    assert f"  {remote.origin(1)}  3  unsigned, 3 unproven" in text.splitlines()
 
 
 def test_logsync_palace_env_is_honoured(run: Any, tmp_path: Path) -> None:

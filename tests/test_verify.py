@@ -7,6 +7,9 @@ hash also breaks the chain of the op naming it), a chain row deleted (missing at
 seq, still missing afterwards: verify opens read-only and repairs nothing) or one added
 (extra), across page boundaries; a bad --origin is one sentence, exit 1; and for random
 stores over 1-3 origins with gaps, corrupting one op is reported at exactly its seq.
+Signatures: a signed store verifies (the author's and a puller's: checkpoints and tip
+checked), a flipped signature byte is named at its seq (exit 3), an origin without a key
+is unsigned, and ops taken through a hub above the last signature are unproven.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logsync.cli import cli
+from logsync.pagechain import CHECKPOINT
 from logsync.store import DB_FILENAME, Store, audit, chaining
+from tests.test_engine import FakePeer
+from tests.test_signatures import Relay, append, pull
 
 KIT = RemoteKit()
 REMOTE = origin_id(7)
@@ -88,15 +94,20 @@ def test_a_clean_store_verifies_with_exit_0_and_its_json_shape(tmp_path: Path) -
     assert [o["origin"] for o in payload["origins"]] == sorted([own, REMOTE])
     origins = by_origin(payload)
     assert origins[own] == {"origin": own, "ops": 5, "top": 5, "chain_entries": 5,
-                            "chain_ok": True, "problem": None, "signature": None}
+                            "chain_ok": True, "problem": None, "signature": {
+                                "state": "signed", "signed_to": 5, "unproven": 0,
+                                "checked": 1, "ok": True, "failed_at": None}}
     assert origins[REMOTE] == {"origin": REMOTE, "ops": 4, "top": 5, "chain_entries": 4,
-                               "chain_ok": True, "problem": None, "signature": None}
+                               "chain_ok": True, "problem": None, "signature": {
+                                   "state": "unsigned", "signed_to": 0, "unproven": 4,
+                                   "checked": 0, "ok": True, "failed_at": None}}
     assert payload["artifacts"] == {"checked": 2, "ok": True, "bad_count": 0, "bad": []}
 
     human = verify(palace)
     assert human.exit_code == 0
     assert human.stdout.splitlines() == sorted([
-        f"{own}  ops 5  top 5  chain ok", f"{REMOTE}  ops 4  top 5  chain ok",
+        f"{own}  ops 5  top 5  chain ok  signatures ok (1 checked, signed to 5, 0 unproven)",
+        f"{REMOTE}  ops 4  top 5  chain ok  unsigned (4 unproven)",
     ]) + ["artifacts 2 ok"]
     code, one = verify_json(palace, "--origin", REMOTE)
     assert code == 0 and [o["origin"] for o in one["origins"]] == [REMOTE]
@@ -293,6 +304,125 @@ def test_the_real_command_exits_3_on_a_defect(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 3, proc.stderr
     assert "chain MISSING at seq 2" in proc.stdout and "Traceback" not in proc.stderr
+
+
+# ── signatures ────────────────────────────────────────────────────────
+
+SIGNED_OPS = 2 * CHECKPOINT + 2  # signatures checked at 64, 128 and the tip, 130
+
+
+def signature_of(payload: dict[str, Any], origin: str) -> dict[str, Any]:
+    return by_origin(payload)[origin]["signature"]
+
+
+def test_a_clean_signed_store_verifies_checkpoints_and_tip_and_so_does_a_relay(
+    tmp_path: Path,
+) -> None:
+    """The author signs every op; a puller stores the page's checkpoint and end
+    signatures. Both verify with exactly the checkpoints and the tip checked."""
+    a, c = Store.open(tmp_path / "a"), Store.open(tmp_path / "c")
+    append(a, SIGNED_OPS)
+    pull(c, Relay(a))
+    author = a.replica_id
+    a.close()
+    c.close()
+    for palace in (tmp_path / "a", tmp_path / "c"):
+        code, payload = verify_json(palace)
+        assert code == 0 and payload["ok"] is True
+        assert signature_of(payload, author) == {
+            "state": "signed", "signed_to": SIGNED_OPS, "unproven": 0, "checked": 3,
+            "ok": True, "failed_at": None}
+        human = verify(palace)
+        assert human.exit_code == 0
+        assert f"{author}  ops {SIGNED_OPS}  top {SIGNED_OPS}  chain ok  signatures ok " \
+               f"(3 checked, signed to {SIGNED_OPS}, 0 unproven)" in human.stdout.splitlines()
+
+
+@pytest.mark.parametrize("seq", [CHECKPOINT, SIGNED_OPS])
+def test_a_flipped_signature_byte_is_reported_at_its_seq_with_exit_3(
+    tmp_path: Path, seq: int,
+) -> None:
+    palace = tmp_path / "a"
+    with Store.open(palace) as store:
+        append(store, SIGNED_OPS)
+        own, signature = store.replica_id, store.chain_signature(store.replica_id, seq)
+    assert signature is not None
+    flipped = signature[:10] + bytes([signature[10] ^ 0x01]) + signature[11:]
+    assert raw(palace, "UPDATE logsync_chain SET signature = ? WHERE origin = ? AND "
+                       "origin_seq = ?", (flipped, own, seq)) == 1
+    code, payload = verify_json(palace)
+    assert code == 3 and payload["ok"] is False
+    mine = by_origin(payload)[own]
+    assert mine["chain_ok"] is True  # the digest is intact: only the signature is bad
+    assert mine["signature"]["ok"] is False and mine["signature"]["failed_at"] == seq
+    assert mine["signature"]["checked"] == [CHECKPOINT, 2 * CHECKPOINT, SIGNED_OPS].index(seq) + 1
+    human = verify(palace)
+    assert human.exit_code == 3
+    assert f"{own}  ops {SIGNED_OPS}  top {SIGNED_OPS}  chain ok  signature BAD at seq {seq} " \
+           "(signed origin)" in human.stdout.splitlines()
+    assert verify(palace, "--origin", own).exit_code == 3
+
+
+def test_a_signature_that_is_not_a_signature_fails_and_the_first_is_named(
+    tmp_path: Path,
+) -> None:
+    """Another program stored text and a short blob: both fail; the lower is named."""
+    palace = tmp_path / "a"
+    with Store.open(palace) as store:
+        append(store, SIGNED_OPS)
+        own = store.replica_id
+    raw(palace, "UPDATE logsync_chain SET signature = X'00' WHERE origin_seq = ?",
+        (2 * CHECKPOINT,))
+    raw(palace, "UPDATE logsync_chain SET signature = 'sig' WHERE origin_seq = ?", (SIGNED_OPS,))
+    code, payload = verify_json(palace)
+    assert code == 3 and signature_of(payload, own)["failed_at"] == 2 * CHECKPOINT
+
+
+def test_an_origin_without_a_key_is_unsigned_whichever_way_its_ops_came(tmp_path: Path) -> None:
+    """Pulled from a peer that publishes no key and strips the signatures, or applied
+    from another store's ops: unsigned, every held op unproven, and that verifies."""
+    a, c, d = (Store.open(tmp_path / n) for n in ("a", "c", "d"))
+    append(a, 3)
+
+    def strip(request: Any, body: Any) -> Any:
+        if request.path == "/sync/version_vector":
+            body["logsync"]["keys"] = {}
+        if request.path == "/sync/ops" and "chain" in body:
+            body["chain"]["sigs"] = []
+        return body
+    pull(c, Relay(a, strip))
+    assert d.apply_remote(a.list_ops(a.replica_id, 0, 10)).applied == 3
+    author = a.replica_id
+    for store in (a, c, d):
+        store.close()
+    for palace in (tmp_path / "c", tmp_path / "d"):
+        code, payload = verify_json(palace)
+        assert code == 0
+        assert signature_of(payload, author) == {
+            "state": "unsigned", "signed_to": 0, "unproven": 3, "checked": 0, "ok": True,
+            "failed_at": None}
+        assert f"{author}  ops 3  top 3  chain ok  unsigned (3 unproven)" in verify(
+            palace).stdout.splitlines()
+
+
+def test_ops_taken_through_a_hub_above_the_last_signature_are_unproven(tmp_path: Path) -> None:
+    """A signed origin's ops 1-5 come from a logsync peer (signed to 5), 6-8 through a
+    hub that cannot carry signatures: 3 unproven, and the store still verifies."""
+    a, c = Store.open(tmp_path / "a"), Store.open(tmp_path / "c")
+    append(a, 5)
+    pull(c, Relay(a))
+    append(a, 3, "late")
+    pull(c, FakePeer(a))  # upstream-shaped: no extensions, no signatures
+    assert c.version_vector()[a.replica_id] == 8
+    author = a.replica_id
+    a.close()
+    c.close()
+    code, payload = verify_json(tmp_path / "c")
+    assert code == 0
+    assert signature_of(payload, author) == {
+        "state": "signed", "signed_to": 5, "unproven": 3, "checked": 1, "ok": True,
+        "failed_at": None}
+    assert "signatures ok (1 checked, signed to 5, 3 unproven)" in verify(tmp_path / "c").stdout
 
 
 # ── property: one corrupted op is reported at its seq ─────────────────

@@ -23,6 +23,7 @@ from logsync.cli.group import cli
 from logsync.errors import NotFoundError
 from logsync.model import EVENT_STATUSES
 from logsync.store import Store
+from logsync.store.signing_state import phrase, read_signing_states
 from logsync.store.waiting import wait_events
 
 STATUS = click.Choice(sorted(EVENT_STATUSES))
@@ -263,7 +264,14 @@ def patch_submit(ctx: click.Context, as_json: bool, file_: str | None, metadata:
 
 def info_payload(store: Store) -> dict[str, Any]:
     return {"palace": str(store.palace), "replica_id": store.replica_id,
-            "version_vector": store.version_vector(), **store.counts()}
+            "version_vector": store.version_vector(), **store.counts(),
+            "signing": signing_payload(store)}
+
+
+def signing_payload(store: Store) -> dict[str, dict[str, Any]]:
+    """Per held origin: its signing state (signed/pinned/unsigned), the highest seq with
+    a stored signature and the held ops above it (`store/signing_state.py`)."""
+    return {o: s.to_json() for o, s in read_signing_states(store).items()}
 
 
 @cli.command()
@@ -271,7 +279,10 @@ def info_payload(store: Store) -> dict[str, Any]:
 @click.pass_context
 @handles_errors
 def info(ctx: click.Context, as_json: bool) -> None:
-    """This replica's id, version vector and counts."""
+    """This replica's id, version vector and counts; per origin whether its ops are
+    signed (key certified by the id, or ours), pinned (key trusted on first sight) or
+    unsigned, up to which seq a signature proves them, and how many held ops no
+    signature covers (taken through a peer that cannot carry signatures)."""
     with open_store(ctx, read_only=True) as store:
         payload = info_payload(store)
     if as_json:
@@ -282,7 +293,8 @@ def info(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"events {payload['events']}  artifacts {payload['artifacts']}  "
                f"conflicts {payload['conflicts']}  quarantined {payload['quarantined']}")
     for origin, top in sorted(payload["version_vector"].items()):
-        click.echo(f"  {origin}  {top}")
+        signing = payload["signing"].get(origin)  # None: an op that came between two reads
+        click.echo(f"  {origin}  {top}" + (f"  {phrase(signing)}" if signing else ""))
 
 
 @cli.group()

@@ -16,9 +16,10 @@ from logsync.cli._common import emit_json, handles_errors, json_option, open_sto
 from logsync.cli.group import cli
 from logsync.defaults import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
 from logsync.engine import RoundReport, error_kind
-from logsync.errors import ConfigError
+from logsync.errors import ConfigError, shorten
 from logsync.peerstate import PeerBook
 from logsync.store import Store
+from logsync.store.signing_state import phrase, read_signing_states
 
 
 @cli.command("serve")
@@ -203,12 +204,15 @@ def _print_result(result: dict[str, Any]) -> None:
 @click.pass_context
 @handles_errors
 def status_cmd(ctx: click.Context, as_json: bool) -> None:
-    """This replica, and how far behind each peer it is."""
+    """This replica, whether each origin it holds is signed, pinned or unsigned (as
+    `info`), and how far behind each peer it is."""
     palace = palace_of(ctx)
     with open_store(ctx, read_only=True) as store:
         local = store.version_vector()
         payload: dict[str, Any] = {"replica_id": store.replica_id, "palace": str(palace),
-                                   "version_vector": local, **store.counts()}
+                                   "version_vector": local, **store.counts(),
+                                   "signing": {o: s.to_json() for o, s in
+                                               read_signing_states(store).items()}}
     book = PeerBook.load(palace)
     configured = peers_mod.load_peers(palace)
     payload["peers"] = [
@@ -221,7 +225,8 @@ def status_cmd(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"events {payload['events']}  artifacts {payload['artifacts']}  "
                f"conflicts {payload['conflicts']}  quarantined {payload['quarantined']}")
     for origin, top in sorted(local.items()):
-        click.echo(f"  holds {origin} up to {top}")
+        signing = payload["signing"].get(origin)  # None: an op that came between two reads
+        click.echo(f"  holds {origin} up to {top}" + (f" ({phrase(signing)})" if signing else ""))
     if not payload["peers"]:
         click.echo("no peers configured (logsync peers add NAME URL)")
     for entry in payload["peers"]:
@@ -308,7 +313,9 @@ def _print_peers(peers: list[peers_mod.Peer], as_json: bool, verb: str | None) -
 @click.pass_context
 @handles_errors
 def conflicts_cmd(ctx: click.Context, as_json: bool, limit: int) -> None:
-    """Divergence found while applying remote ops (never overwritten, never silent)."""
+    """Divergence found while applying remote ops (never overwritten, never silent). A
+    chain divergence shows its first divergent seq, the peer, both chain digests and
+    both ops; a key change both keys (short: --json has them whole)."""
     with open_store(ctx, read_only=True) as store:
         rows = store.list_conflicts(limit)
     _print_ledger(rows, as_json, "conflicts", "detected_at")
@@ -333,6 +340,58 @@ def _print_ledger(rows: list[dict[str, Any]], as_json: bool, noun: str, when: st
     if not rows:
         click.echo(f"no {noun} ops")
     for row in rows:
-        click.echo(f"{row[when]}  {row['kind']}  {row['origin_replica']}#{row['origin_seq']}  "
+        seq = "" if row["origin_seq"] is None else f"#{row['origin_seq']}"
+        click.echo(f"{row[when]}  {row['kind']}  {row['origin_replica']}{seq}  "
                    f"{row['item_id']}  x{row['times_seen']}: {row['reason']}")
+        for line in _chain_detail(row):
+            click.echo(f"    {line}")
+
+
+SHORT_HEX = 12  # digits of a digest or key shown; the JSON keeps them whole
+SHORT_BODY = 40
+
+
+def _chain_detail(row: dict[str, Any]) -> list[str]:
+    """Lines under a chain conflict (the JSON holds all of it): for a `divergence`, the
+    first divergent seq, the peer, and each side's chain digest and op there; for a
+    `key_change`, the pinned key and the peer's. Any other row: none. A ledger another
+    program wrote may hold anything: what is not the expected shape shows as '?'."""
+    local, remote = _mapping(row.get("local")), _mapping(row.get("remote"))
+    peer = _text(remote.get("peer"))
+    if row.get("kind") == "divergence":
+        return [f"first divergent seq {row['origin_seq']}, peer {peer}",
+                f"here:  digest {_short_hex(local.get('digest'))}  "
+                f"{_op_phrase(local.get('op'), 'no op held here')}",
+                f"peer:  digest {_short_hex(remote.get('digest'))}  "
+                f"{_op_phrase(remote.get('op'), 'no op sent')}"]
+    if row.get("kind") == "key_change":
+        return [f"peer {peer}: pinned key {_short_hex(local.get('public_key'))}, "
+                f"the peer's {_short_hex(remote.get('public_key'))}"]
+    return []
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) and value.isprintable() else "?"
+
+
+def _short_hex(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        return "none" if value is None else "?"
+    short = value[:SHORT_HEX]
+    return "?" if not all(c in "0123456789abcdef" for c in short) else (
+        short + ("..." if len(value) > SHORT_HEX else ""))
+
+
+def _op_phrase(op: Any, absent: str) -> str:
+    """An op's id and its body, cut and quoted (control characters escaped)."""
+    if op is None:
+        return absent
+    if not isinstance(op, dict):
+        return "op ?"
+    body = op.get("body")
+    return f"op {_text(op.get('id'))} body {shorten(body, SHORT_BODY)}"
 

@@ -20,14 +20,15 @@ EXIT_UNVERIFIED = 3  # the store was read, and something in it does not verify
 
 @cli.command()
 @click.option("--origin", default=None,
-              help="Check only this origin's chain (a replica id); artifacts are always "
-                   "all checked.")
+              help="Check only this origin's chain and signatures (a replica id); "
+                   "artifacts are always all checked.")
 @json_option
 @click.pass_context
 @handles_errors
 def verify(ctx: click.Context, as_json: bool, origin: str | None) -> None:
     """Re-check the whole store, read-only: every origin's hash chain recomputed from its
-    ops, every artifact re-hashed from its content. Repairs nothing.
+    ops, its stored signatures checked with its key (at every 64th op and the highest
+    signed one), every artifact re-hashed from its content. Repairs nothing.
 
     Exit status: 0 everything verifies, 3 something does not (named in the output),
     1 error (the store cannot be read, or a bad --origin).
@@ -66,9 +67,10 @@ def report_lines(report: AuditReport) -> list[str]:
 
 def origin_line(audit: OriginAudit) -> str:
     head = f"{audit.origin}  ops {audit.ops}  top {audit.top or 0}"
+    signature = "" if audit.signature is None else f"  {audit.signature.summary()}"
     problem = audit.problem
     if problem is None:
-        return f"{head}  chain ok"
+        return f"{head}  chain ok{signature}"
     if problem.kind == "missing":
         what = f"chain MISSING at seq {problem.seq} (recomputed {problem.recomputed})"
     elif problem.kind == "extra":
@@ -76,4 +78,4 @@ def origin_line(audit: OriginAudit) -> str:
     else:
         what = (f"chain MISMATCH at seq {problem.seq} (stored {problem.stored}, "
                 f"recomputed {problem.recomputed})")
-    return f"{head}  entries {audit.entries}  {what}"
+    return f"{head}  entries {audit.entries}  {what}{signature}"

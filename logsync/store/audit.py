@@ -8,6 +8,14 @@ reported. A chain commits to each artifact's *stored* sha256, so every artifact 
 re-hashed from its content and compared with its stored sha256 and size_bytes: together
 they cover one changed byte anywhere in an op or an artifact.
 
+Signatures (RFC 004 §9.3): for an origin whose key we know, the stored signatures are
+verified against the stored digests (`keys.verify_digest`), which the chain check ties to
+the ops. Bounded like a page check: only the signatures at checkpoints (every
+`pagechain.CHECKPOINT`th seq) and the highest signed seq, about one op in 64, are
+checked; a signature elsewhere (a local append signs every op) is not read. The first
+seq whose signature fails is reported. The origin's signing state (`signed_to`, the ops
+above it that no signature covers) comes from `store/signing_state.py`, as in `info`.
+
 Nothing is repaired (a writable `Store.open` repairs an incomplete chain: that would hide
 what this reports). Memory is bounded: ops come `BACKFILL_BATCH` at a time, stored chain
 rows in pages of the same size, artifacts one row at a time. The whole audit reads one
@@ -23,8 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from logsync.chain import chain_start, next_digest
+from logsync.keys import verify_digest
 from logsync.model import sha256_hex
+from logsync.pagechain import CHECKPOINT
 from logsync.store.chaining import BACKFILL_BATCH, ORIGINS_SQL, ROW_COLUMNS, canonical, held_ops
+from logsync.store.keyring import known_key
+from logsync.store.signing_state import SigningState, signing_states
 
 MAX_BAD_ARTIFACTS = 20  # named in a report; the rest are only counted
 LOWEST_SEQ = -(2**63)  # held_ops from the very first op, whatever another writer stored
@@ -58,6 +70,33 @@ class ChainProblem:
 
 
 @dataclass(frozen=True)
+class SignatureAudit:
+    """One origin's stored signatures checked against its key (an unsigned origin has
+    no key to check with: nothing checked)."""
+
+    signing: SigningState
+    checked: int  # signatures verified (checkpoints and the highest signed seq)
+    failed_at: int | None  # the first checked seq whose signature does not verify
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_at is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.signing.to_json(), "checked": self.checked, "ok": self.ok,
+                "failed_at": self.failed_at}
+
+    def summary(self) -> str:
+        s = self.signing
+        if self.failed_at is not None:
+            return f"signature BAD at seq {self.failed_at} ({s.state} origin)"
+        if s.state == "unsigned":
+            return f"unsigned ({s.unproven} unproven)"
+        return f"signatures ok ({self.checked} checked, signed to {s.signed_to}, " \
+               f"{s.unproven} unproven)"
+
+
+@dataclass(frozen=True)
 class OriginAudit:
     """One origin: what is held, what is chained, and the first departure if any."""
 
@@ -66,19 +105,18 @@ class OriginAudit:
     top: int | None  # highest held origin_seq (None: no op held)
     entries: int  # rows in logsync_chain
     problem: ChainProblem | None
-    # Per-origin signature check (RFC 004 §9.3). None means "not checked": signatures
-    # are added later by another change; nothing here reads or sets it yet.
-    signature: str | None = None
+    # Per-origin signature check (RFC 004 §9.3); None only where it was not run.
+    signature: SignatureAudit | None = None
 
     @property
     def ok(self) -> bool:
-        return self.problem is None
+        return self.problem is None and (self.signature is None or self.signature.ok)
 
     def to_json(self) -> dict[str, Any]:
         return {"origin": self.origin, "ops": self.ops, "top": self.top,
-                "chain_entries": self.entries, "chain_ok": self.ok,
+                "chain_entries": self.entries, "chain_ok": self.problem is None,
                 "problem": None if self.problem is None else self.problem.to_json(),
-                "signature": self.signature}
+                "signature": None if self.signature is None else self.signature.to_json()}
 
 
 @dataclass(frozen=True)
@@ -153,7 +191,29 @@ def audit_origin(conn: sqlite3.Connection, origin: str) -> OriginAudit:
         "SELECT count(*) FROM logsync_chain WHERE origin = ?", (origin,)
     ).fetchone()[0]
     return OriginAudit(origin, int(ops), None if top is None else int(top), int(entries),
-                       first_problem(conn, origin))
+                       first_problem(conn, origin), audit_signatures(conn, origin))
+
+
+def audit_signatures(conn: sqlite3.Connection, origin: str) -> SignatureAudit:
+    """Verify the origin's stored signatures at checkpoints and at its highest signed
+    seq against the stored digests, in seq order; stop at the first that fails."""
+    signing = signing_states(conn, [origin])[origin]
+    key = known_key(conn, origin)
+    if key is None or not signing.signed_to:
+        return SignatureAudit(signing, 0, None)
+    checked = 0
+    rows = conn.execute(
+        "SELECT origin_seq, digest, signature FROM logsync_chain WHERE origin = ? "
+        "AND signature IS NOT NULL AND (origin_seq % ? = 0 OR origin_seq = ?) "
+        "ORDER BY origin_seq",
+        (origin, CHECKPOINT, signing.signed_to),
+    )
+    for seq, digest, signature in rows:  # one row in memory at a time
+        checked += 1
+        if not verify_digest(key, digest, signature):
+            rows.close()
+            return SignatureAudit(signing, checked, int(seq))
+    return SignatureAudit(signing, checked, None)
 
 
 def first_problem(conn: sqlite3.Connection, origin: str) -> ChainProblem | None:
