@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from logsync.chain import canonical_op, next_digest
+from logsync.errors import shorten
 from logsync.keys import verify_digest
 
 CHECKPOINT = 64
@@ -84,9 +85,11 @@ def verify_page(
             before = digest
             digest = next_digest(digest, canonical_op(event, [artifact_sha256s.get(a)
                                                               for a in ids]))
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+            # checked before the validator: a hostile op (metadata nested past the stack)
+            # is refused here, as the validator would, never raised out of the round
             return (CHAIN_MISMATCH, seq if isinstance(seq, int) else 0,
-                    f"the op cannot be put on the origin's chain: {exc}")
+                    f"the op cannot be put on the origin's chain: {shorten(exc)}")
         assert isinstance(seq, int)
         digests[seq] = digest
         links[seq] = (before, digest)

@@ -284,3 +284,41 @@ def test_our_own_lost_ops_come_back_only_with_our_signature(tmp_path):
     assert [e["body"] for e in b.list_ops(b.replica_id, 2, 10)] == ["lost 0", "lost 1",
                                                                     "lost 2"]
     assert b.append_event("task.note", "s", "r", "lead")["origin_seq"] == 6
+
+
+def test_a_hostile_op_nested_past_the_stack_is_refused_not_raised(trio):
+    """The page is checked before the validator runs: metadata nested deeper than the
+    stack is a chain_mismatch quarantine, never an exception out of the round."""
+    a, r, c = trio
+    deep: Any = {}
+    for _ in range(100_000):
+        deep = {"k": deep}
+
+    def nest(body: dict) -> None:
+        body["events"][-1]["metadata"] = deep
+    report = pull(c, Relay(r, on_pages(nest)))
+    assert report.origins[a.replica_id].applied == 0
+    (bad,) = quarantined(c)
+    assert bad["reason"].startswith("chain_mismatch")
+
+
+def test_a_clone_serves_the_ops_it_adopted_signed(tmp_path):
+    """Two copies of one palace both write; one takes the other's ops above its own top
+    back as its own (restored_replica). It signs the history it now holds (it is the
+    origin), so a third replica on that history can take those ops from it."""
+    import shutil
+    a = Store.open(tmp_path / "a")
+    append(a, 3, "before")
+    a.close()
+    shutil.copytree(tmp_path / "a", tmp_path / "clone")
+    a, clone = Store.open(tmp_path / "a"), Store.open(tmp_path / "clone")
+    assert clone.replica_id == a.replica_id
+    append(a, 5, "a")                       # a: 4..8
+    append(clone, 2, "clone")               # clone: 4'..5'
+    p = Store.open(tmp_path / "p")
+    pull(p, Relay(clone))                   # p holds the clone's history up to 5
+    pull(clone, Relay(a))                   # 4, 5 forks; 6..8 adopted as its own
+    assert clone.version_vector()[a.replica_id] == 8
+    report = pull(p, Relay(clone))
+    assert p.version_vector()[a.replica_id] == 8, report.origins[a.replica_id].stop_reason
+    assert quarantined(p) == []

@@ -19,32 +19,9 @@ FAST = ["partition-and-heal", "flapping-link", "clock-skew", "crash-mid-apply",
 FORKING = ["restored-from-backup", "relayed-fork", "clones"]
 
 
-# Engine defects the library meets since the simulator applies pages as the client does
-# (found by it, reported, not the simulator's to fix): while a run's only violations are
-# these, its test is an expected failure; any other violation still fails it.
-#   forked-replica: pagechain.verify_page canonicalises the ops of a page before they are
-#     validated, so a hostile op with deeply nested metadata (`corrupt deep_metadata`)
-#     raises RecursionError out of the round instead of being quarantined (invariant 6).
-#   clones: a clone takes the other's ops above its top back as its own (`restored_replica`)
-#     with no signature over its own chain there, so it cannot serve a page ending at them;
-#     a replica behind it on the same history stops that origin at `unsigned_page` for good,
-#     with no record, and the fleet never settles (invariant 0).
-KNOWN_DEFECTS = {
-    "forked-replica": (6, "raised RecursionError", "engine: verify_page before validation"),
-    "clones": (0, "", "engine: a clone serves adopted own ops unsigned (unsigned_page)"),
-}
-
-
 def run(name: str, seed: int | None = None, variant: str | None = None) -> SimReport:
     scenario = load_scenario(LIBRARY / f"{name}.toml", variant=variant)
     return run_scenario(scenario if seed is None else scenario.with_seed(seed))
-
-
-def known_defect(name: str, report: SimReport) -> str | None:
-    """The known engine defect that alone explains the run's violations, if one does."""
-    invariant, needle, reason = KNOWN_DEFECTS.get(name, (-1, "", ""))
-    hits = [v.invariant == invariant and needle in v.text for v in report.violations]
-    return reason if hits and all(hits) else None
 
 
 def assert_good(report: SimReport) -> None:
@@ -60,10 +37,7 @@ def test_every_library_file_is_covered_here() -> None:
 
 @pytest.mark.parametrize("name", FAST)
 def test_scenario_keeps_every_invariant(name: str) -> None:
-    report = run(name)
-    if (reason := known_defect(name, report)) is not None:
-        pytest.xfail(reason)
-    assert_good(report)
+    assert_good(run(name))
 
 
 def test_partition_and_heal_needs_the_heal_and_then_converges() -> None:
@@ -75,8 +49,6 @@ def test_partition_and_heal_needs_the_heal_and_then_converges() -> None:
 
 def test_forked_replica_tampering_is_quarantined_or_recorded() -> None:
     report = run("forked-replica")
-    if (reason := known_defect("forked-replica", report)) is not None:
-        pytest.xfail(reason)
     assert_good(report)
     assert report.tampered > 20
     # an id-reusing op is an `id_collision` conflict unless a page check refuses it first
@@ -119,8 +91,6 @@ def test_restored_from_backup_divergence_is_recorded() -> None:
 def test_forking_library_settles_with_every_divergence_recorded_for_more_seeds(
         name: str, seed: int) -> None:
     report = run(name, seed=seed)
-    if (reason := known_defect(name, report)) is not None:
-        pytest.xfail(reason)  # some seeds never settle; invariant 5 held on them all
     assert report.ok and report.targets_met(), report.text()
     assert report.convergence_s is not None, report.text()
     assert report.conflict_kinds.get("divergence", 0) > 0, report.text()
@@ -129,15 +99,8 @@ def test_forking_library_settles_with_every_divergence_recorded_for_more_seeds(
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_fast_library_holds_for_more_seeds(seed: int) -> None:
-    known = []
     for name in FAST:
-        report = run(name, seed=seed + 100)
-        if (reason := known_defect(name, report)) is not None:
-            known.append(f"{name} seed {seed + 100}: {reason}")
-            continue
-        assert_good(report)
-    if known:
-        pytest.xfail("; ".join(known))
+        assert_good(run(name, seed=seed + 100))
 
 
 @pytest.mark.slow

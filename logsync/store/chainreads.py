@@ -18,6 +18,7 @@ from typing import Any
 from logsync import model
 from logsync.chain import chain_start
 from logsync.errors import StoreError, ValidationError
+from logsync.keys import sign_digest
 from logsync.pagechain import CHECKPOINT, UNSIGNED, PageProof, verify_page
 from logsync.store.apply import ApplyResult, apply_page, stored_row
 from logsync.store.faults import describe_fault
@@ -247,6 +248,12 @@ class ChainViews:
                     "AND digest = ?",
                     [(sig, origin, seq, proof.digests[seq])
                      for seq, sig in proof.signatures.items()])
+            key_of_ours = self.signing_key  # type: ignore[attr-defined]
+            if origin == self.replica_id and result.applied and key_of_ours is not None:  # type: ignore[attr-defined]
+                # ops of ours recovered above a slot we re-used (a restore, a clone) chain
+                # differently from the copy that signed them: we are their origin, so we
+                # sign what we now hold, and can serve it on
+                sign_own_chain(conn, origin, lambda digest: sign_digest(key_of_ours, digest))
             return result
 
     def chain_signatures(self, origin: str, seqs: Sequence[int]) -> dict[int, bytes]:
