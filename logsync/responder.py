@@ -164,7 +164,12 @@ def _page_chain(store: Any, origin: str, after: int, events: list[dict[str, Any]
     (`logsync/pagechain.py`), in place."""
     prev = store.chain_digests_at(origin, [after])[0]
     seqs = [event["origin_seq"] for event in events]
-    held = store.chain_signatures(origin, seqs) if seqs else {}
+    # the signatures a page can carry: at its checkpoints and last op; only when it holds
+    # none of those (a short page between a relay's checkpoints), any in its range
+    held = store.chain_signatures(origin, [q for q in seqs if carries_signature(q, seqs[-1])]
+                                  ) if seqs else {}
+    if seqs and not held:
+        held = store.chain_signatures(origin, seqs)
     if held:
         del events[signed_end(seqs, set(held)):]
         seqs = seqs[:len(events)]

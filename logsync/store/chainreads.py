@@ -127,12 +127,20 @@ def sign_own_chain(conn: sqlite3.Connection, origin: str, sign: Any) -> int:
 
 
 def signatures_of(conn: sqlite3.Connection, origin: str, seqs: Sequence[int]) -> dict[int, bytes]:
+    """The stored signatures of these ops of `origin`: by key for a short list (a page's
+    checkpoints), else over the list's range."""
     if not seqs:
         return {}
-    rows = conn.execute(
-        "SELECT origin_seq, signature FROM logsync_chain WHERE origin = ? AND origin_seq "
-        "BETWEEN ? AND ? AND signature IS NOT NULL", (origin, min(seqs), max(seqs)))
     wanted = set(seqs)
+    if len(wanted) <= 500:
+        marks = ",".join("?" * len(wanted))
+        rows = conn.execute(
+            f"SELECT origin_seq, signature FROM logsync_chain WHERE origin = ? AND origin_seq "
+            f"IN ({marks}) AND signature IS NOT NULL", (origin, *sorted(wanted)))
+    else:
+        rows = conn.execute(
+            "SELECT origin_seq, signature FROM logsync_chain WHERE origin = ? AND origin_seq "
+            "BETWEEN ? AND ? AND signature IS NOT NULL", (origin, min(seqs), max(seqs)))
     return {int(r[0]): bytes(r[1]) for r in rows if int(r[0]) in wanted}
 
 
