@@ -115,10 +115,13 @@ def next_digest(prev: bytes, canonical: bytes) -> bytes:
     return hashlib.sha256(prev + canonical).digest()
 
 
-def canonical_op(event: Mapping[str, Any], artifact_sha256s: Sequence[str | None]) -> bytes:
+def canonical_op(
+    event: Mapping[str, Any], artifact_sha256s: Sequence[str | None], *, stored: bool = False
+) -> bytes:
     """The canonical bytes of an op (the rule is the module docstring).
 
-    ``event`` is an event as served (``metadata`` a mapping) or a stored/validated row
+    ``event`` is an op as served (``metadata`` a mapping; a ``metadata_json`` key on it is
+    not part of the op and is never read) or, with ``stored=True``, a stored/validated row
     (``metadata_json`` text); ``artifact_sha256s`` holds the sha256 hex (or None, not
     held) of each id of ``event["artifact_ids"]``, in that list's order. Raises
     ``ValueError`` for an op no validated store can hold.
@@ -135,8 +138,8 @@ def canonical_op(event: Mapping[str, Any], artifact_sha256s: Sequence[str | None
     if type(seq) is not int:
         raise ValueError(f"origin_seq must be an integer, not {type(seq).__name__}")
     _check_text(event)
-    if "metadata_json" in event:
-        metadata = compact_metadata(event["metadata_json"])
+    if stored:  # a stored or validated row; an op off the wire has `metadata` only
+        metadata = compact_metadata(event.get("metadata_json"))
     else:
         value = event.get("metadata")
         metadata = "".join(_c_encode(value, 0)) if isinstance(value, dict) and value else "{}"

@@ -156,11 +156,6 @@ def test_own_ops_written_by_another_program_reach_logsync_peers(tmp_path):
 # ── 5. a non-iterable artifact_ids under a signed origin escapes the round ───────────
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "chainreads._page_shas: an op of a signed origin whose artifact_ids is not "
-    "iterable (an int) raises TypeError out of apply_chained and the whole round "
-    "(invariants 6 and 9), instead of a quarantine of that op"
-))
 def test_a_non_list_artifact_ids_under_a_signed_origin_stays_with_its_origin(trio_plus):
     a, r, c = trio_plus
 
@@ -271,12 +266,6 @@ def test_a_signed_origin_moves_in_pages_smaller_than_a_checkpoint(tmp_path):
 # ── 10. a relay smuggles the genuine metadata in `metadata_json` and alters `metadata` ─
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "chain.canonical_op reads a wire op's `metadata_json` when present, the validator "
-    "reads `metadata`: a relay that copies the genuine metadata into `metadata_json` "
-    "and alters `metadata` passes verify_page, and the altered op is stored under the "
-    "author's signature (with the signed digest, via `known`)"
-))
 def test_a_relay_cannot_alter_metadata_behind_a_metadata_json_key(tmp_path):
     a, r, c = (Store.open(tmp_path / n) for n in ("a", "r", "c"))
     a.append_event("task.ask", "s", "r", "alice", body="pay", metadata={"amount": 10})

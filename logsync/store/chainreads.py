@@ -150,7 +150,8 @@ def _page_shas(
     """The sha256 of every artifact the page names: what we hold, else what the page (or
     the round) brought, as declared (apply checks it against the content)."""
     named = sorted({a for e in events if isinstance(e, Mapping)
-                    for a in (e.get("artifact_ids") or []) if isinstance(a, str)})
+                    and isinstance(e.get("artifact_ids"), list)
+                    for a in e["artifact_ids"] if isinstance(a, str)})
     shas: dict[str, str | None] = {}
     for chunk in chunks(named, 500):
         marks = ",".join("?" * len(chunk))
