@@ -203,9 +203,11 @@ def pull_round(
                                         own_seen)
               if r[0] not in held_back]
     if ext.chain:
-        if remote.keys:
-            pinned = yield PinKeys(remote.keys, remote.replica_id)
-            report.key_changes = sorted(o for o, outcome in pinned.items() if outcome == "changed")
+        published = {o: k for o, k in remote.keys.items() if remote.vector.get(o, 0) > 0}
+        if published:  # keys of origins the peer holds ops of, nothing else
+            pinned = yield PinKeys(published, remote.replica_id)
+            report.key_changes = sorted(o for o, outcome in pinned.items()
+                                        if outcome in ("changed", "replaced"))
         pulled = {origin for origin, _, _ in ranges} | set(held_back)
         yield from _compare_tips(peer, remote, ext, report, pulled)
     group = FIRST_PAGES_AT_ONCE if batch_artifacts else 1

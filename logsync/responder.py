@@ -125,7 +125,8 @@ def _vector(
         if EXT_CHAIN in profile.extensions:
             advert[ADVERTISED_TIPS] = {o: [seq, digest.hex()]
                                        for o, (seq, digest) in store.chain_tips(held).items()}
-            advert[ADVERTISED_KEYS] = {o: key.hex() for o, key in store.public_keys().items()}
+            advert[ADVERTISED_KEYS] = {o: key.hex() for o, key in store.public_keys().items()
+                                       if held.get(o)}  # only origins we hold ops of
         body[ADVERTISEMENT_KEY] = advert
     return body
 

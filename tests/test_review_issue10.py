@@ -181,11 +181,6 @@ def trio_plus(tmp_path: Path) -> tuple[Store, Store, Store]:
 # ── 6. a relay's key for a self-certifying id wins over the certifying key ───────────
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "keyring._pin: a key a relay publishes first for a new (self-certifying) id is "
-    "pinned, and the origin's own certifying key is then a key_change never taken: "
-    "one hostile peer cuts a new replica off every puller that met it first"
-))
 def test_a_certifying_key_is_not_preempted_by_a_relay(tmp_path):
     n, m, a = (Store.open(tmp_path / x) for x in ("n", "m", "a"))
     append(n, 3)
@@ -200,12 +195,6 @@ def test_a_certifying_key_is_not_preempted_by_a_relay(tmp_path):
 # ── 7. any peer may publish a key for an origin that never had one ───────────────────
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine PinKeys / keyring.pin_key: keys are pinned from any peer for any origin, "
-    "so a peer publishing a key for an unsigned (upstream-style, hub) origin makes "
-    "every honest logsync relay's pages of it unsigned_page: that origin stops for "
-    "good, silently, and the key spreads to every puller"
-))
 def test_a_third_party_key_does_not_cut_off_an_unsigned_origin(tmp_path):
     h = Store.open(tmp_path / "h", replica_id=mint_replica_id())   # upstream-style id
     append(h, 3)
@@ -220,11 +209,6 @@ def test_a_third_party_key_does_not_cut_off_an_unsigned_origin(tmp_path):
 # ── 8. keys for origins nobody holds: pinned and re-advertised, without bound ────────
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine PinKeys / responder._vector: every key a peer advertises is pinned, also "
-    "for origins it holds no op of, and re-advertised in every vector answer: the "
-    "keyring and the vector answer grow without bound and spread the junk"
-))
 def test_keys_of_origins_without_ops_are_not_pinned(tmp_path):
     b, a = Store.open(tmp_path / "b"), Store.open(tmp_path / "a")
     append(b, 1)

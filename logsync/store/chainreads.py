@@ -22,7 +22,7 @@ from logsync.keys import sign_digest
 from logsync.pagechain import CHECKPOINT, UNSIGNED, PageProof, verify_page
 from logsync.store.apply import ApplyResult, apply_page, stored_row
 from logsync.store.faults import describe_fault
-from logsync.store.keyring import known_key, pin_key
+from logsync.store.keyring import known_key, pin_published
 from logsync.store.ledgers import conflict_row, quarantine_row, record_conflicts, record_quarantine
 from logsync.store.rows import chunks, row_wire, same_event
 
@@ -37,6 +37,7 @@ TIP_SQL = (
 # The ops of each side recorded per divergence (the first differing ones), so a long
 # fork costs a bounded ledger, and the rest is found again by the next search.
 MAX_FORKS_RECORDED = 500
+MAX_KEY_CHANGES_RECORDED = 16  # per vector answer: a peer inventing keys cannot flood the ledger
 
 
 def digests_at(conn: sqlite3.Connection, origin: str, seqs: Iterable[int]) -> list[bytes | None]:
@@ -270,19 +271,26 @@ class ChainViews:
         return self._guarded(lambda conn: signatures_of(conn, origin, seqs))
 
     def pin_keys(self, keys: Mapping[str, bytes], peer: str) -> dict[str, str]:
-        """Pin the origin keys a peer published (first sight wins, `keyring.pin_key`); a
-        different key for an origin we know is recorded as a `key_change` conflict and not
-        taken. Returns origin -> 'new' | 'same' | 'changed'."""
+        """Take the origin keys peer `peer` (its replica id) published, by
+        `keyring.pin_published`; a key other than the one held is recorded as a
+        `key_change` conflict (at most `MAX_KEY_CHANGES_RECORDED` per call), and one the
+        origin's id certifies replaces one pinned on first sight, also recorded. Returns
+        origin -> 'new' | 'same' | 'changed' | 'replaced' | 'ignored'."""
         now = model.utc_now_iso(self._wall_ms())
         with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
-            outcomes = {origin: pin_key(conn, origin, key, now) for origin, key in keys.items()}
+            before = {o: known_key(conn, o) for o in keys}
+            outcomes = {o: pin_published(conn, o, key, now, peer) for o, key in keys.items()}
+            changed = [o for o, outcome in outcomes.items() if outcome in ("changed", "replaced")]
             record_conflicts(conn, [conflict_row(
                 now, "key_change", None, origin, None,
                 f"peer {peer} publishes another public key for origin {origin} than the one "
-                "pinned here; the pinned key stays, and ops signed by the other are refused",
-                {"public_key": (known_key(conn, origin) or b"").hex()},
+                "held here; " + ("the origin's id certifies it, so it replaces the key "
+                                 "pinned on first sight" if outcomes[origin] == "replaced"
+                                 else "the held key stays, and ops signed by the other are "
+                                 "refused"),
+                {"public_key": (before[origin] or b"").hex()},
                 {"public_key": keys[origin].hex(), "peer": peer},
-            ) for origin, outcome in outcomes.items() if outcome == "changed"])
+            ) for origin in changed[:MAX_KEY_CHANGES_RECORDED]])
         return outcomes
 
     def record_divergence(self, **found: Any) -> int:

@@ -25,6 +25,7 @@ KEYS_DDL = (
 )
 SOURCES = ("self", "certified", "pinned")
 PinOutcome = Literal["new", "same", "changed"]
+PublishedOutcome = Literal["new", "same", "changed", "replaced", "ignored"]
 
 
 def create_keys_table(conn: sqlite3.Connection) -> None:
@@ -51,6 +52,32 @@ def pin_key(conn: sqlite3.Connection, origin: str, public_key: bytes, now: str) 
     """Pin a peer's key on first sight: 'new' (written), 'same' (already this key) or
     'changed' (another key is pinned; nothing is written, the caller records a conflict)."""
     return _pin(conn, origin, _checked(public_key), now, None)
+
+
+def pin_published(
+    conn: sqlite3.Connection, origin: str, public_key: bytes, now: str, publisher: str
+) -> PublishedOutcome:
+    """A key that peer `publisher` advertises for `origin`, by the rule that keeps one peer
+    from choosing another origin's key: a key the origin's id certifies is always taken
+    (over one merely pinned, 'replaced'); any other key only from the origin itself, on
+    first sight ('new'). A third party's uncertified key for an unknown origin is
+    'ignored'; any key other than the one held is 'changed' (never written: the caller
+    records it)."""
+    key = _checked(public_key)
+    held = conn.execute("SELECT public_key, source FROM logsync_keys WHERE origin = ?",
+                        (origin,)).fetchone()
+    certified = certifies(origin, key)
+    if held is None:
+        if not certified and publisher != origin:
+            return "ignored"
+        return _pin(conn, origin, key, now, None)
+    if bytes(held[0]) == key:
+        return "same"
+    if certified and held[1] == "pinned":
+        conn.execute("UPDATE logsync_keys SET public_key = ?, source = 'certified', "
+                     "first_seen = ? WHERE origin = ?", (key, now, origin))
+        return "replaced"
+    return "changed"
 
 
 def record_own_key(conn: sqlite3.Connection, origin: str, public_key: bytes, now: str) -> None:
