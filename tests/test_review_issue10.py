@@ -60,11 +60,6 @@ def restore(tmp_path: Path, name: str) -> Store:
 # ── 1. own-origin recovery stops at the first page after a re-used slot ──────────────
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine rule 8 / apply_chained: the prev check applies to our own origin too, so "
-    "after a restore that re-used a slot every page after the first diverges; ops lost "
-    "beyond one page are never recovered and the next local append re-uses their slots"
-))
 def test_own_recovery_goes_past_the_first_page_after_a_reused_slot(tmp_path):
     b = Store.open(tmp_path / "b")
     append(b, 2)
@@ -86,12 +81,6 @@ def test_own_recovery_goes_past_the_first_page_after_a_reused_slot(tmp_path):
 # ── 2. own ops a logsync relay cannot prove: no record, slots re-used ────────────────
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "apply_chained/_refuse: a page of our own origin without an end signature "
-    "(unsigned_page) records nothing, so ops of ours above our top that a relay holds "
-    "unproven never count as seen and the next local append re-uses their slots "
-    "(through a hub the same ops are forged_origin and their slots are skipped)"
-))
 def test_own_ops_seen_unproven_on_a_logsync_relay_are_not_reused(tmp_path):
     p = Store.open(tmp_path / "p")
     append(p, 2)
@@ -113,11 +102,6 @@ def test_own_ops_seen_unproven_on_a_logsync_relay_are_not_reused(tmp_path):
 # ── 3. a chain left behind by another writer: a false divergence ─────────────────────
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "divergence search / chainreads.digests_at: ops another program wrote into our "
-    "file have no chain entry until the next open or write of that origin, D(s) is "
-    "None there, and a tip compare records a 'divergence' for identical histories"
-))
 def test_ops_written_by_another_program_are_not_a_divergence(tmp_path):
     x, a, b = (Store.open(tmp_path / n) for n in ("x", "a", "b"))
     append(x, 3)
@@ -134,12 +118,6 @@ def test_ops_written_by_another_program_are_not_a_divergence(tmp_path):
 # ── 4. own ops written by another program are not served until a restart ────────────
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "responder/_page_chain: our own ops another program (MemPalace) wrote into the "
-    "palace get no chain entry nor signature while the daemon runs, so every page "
-    "ending at them is unsigned_page for every logsync peer until a restart or a "
-    "local logsync write (the RFC says the chain is brought up to date before serving)"
-))
 def test_own_ops_written_by_another_program_reach_logsync_peers(tmp_path):
     s, a = Store.open(tmp_path / "s"), Store.open(tmp_path / "a")
     append(s, 3)

@@ -21,6 +21,7 @@ from logsync.errors import StoreError, ValidationError
 from logsync.keys import sign_digest
 from logsync.pagechain import CHECKPOINT, UNSIGNED, PageProof, verify_page
 from logsync.store.apply import ApplyResult, apply_page, stored_row
+from logsync.store.chaining import repair_origin
 from logsync.store.faults import describe_fault
 from logsync.store.keyring import known_key, pin_published
 from logsync.store.ledgers import conflict_row, quarantine_row, record_conflicts, record_quarantine
@@ -106,6 +107,27 @@ def record_divergence(
                 f"peer {peer} (found by the chain comparison)", row_wire(held), op))
     record_conflicts(conn, rows)
     return len(rows)
+
+
+def behind(conn: sqlite3.Connection, origin: str, own: bool) -> bool:
+    """Whether `origin`'s chain lags its held ops (another program wrote them), or, for
+    our own origin (`own`), its tip has no signature: two or three index seeks."""
+    top = conn.execute("SELECT max(origin_seq) FROM events WHERE origin_replica = ?",
+                       (origin,)).fetchone()[0]
+    tip = conn.execute(TIP_SQL.replace("origin_seq, digest", "origin_seq, signature"),
+                       (origin,)).fetchone()
+    if top is None:
+        return False
+    return tip is None or int(tip[0]) < int(top) or (own and tip[1] is None)
+
+
+def bring_up_to_date(conn: sqlite3.Connection, origin: str, sign: Any = None) -> None:
+    """Repair `origin`'s chain if it lags its held ops, then (`sign`: our own origin)
+    sign what a page may end at (`sign_own_chain`)."""
+    if behind(conn, origin, False):
+        repair_origin(conn, origin)
+    if sign is not None:
+        sign_own_chain(conn, origin, sign)
 
 
 def sign_own_chain(conn: sqlite3.Connection, origin: str, sign: Any) -> int:
@@ -220,7 +242,14 @@ class ChainViews:
         return self._guarded(lambda conn: tips(conn, held))
 
     def chain_digests_at(self, origin: str, seqs: Sequence[int]) -> list[bytes | None]:
-        """``D(s)`` for each seq (the module docstring); None above the chain's tip."""
+        """``D(s)`` for each seq (the module docstring); None above the chain's tip. The
+        origin's chain is brought up to date first if another program wrote to it (and
+        our own ops signed), so what we serve or compare is never a stale chain."""
+        signer = self._own_signer(origin)
+        if not self.read_only and self._guarded(  # type: ignore[attr-defined]
+                lambda conn: behind(conn, origin, signer is not None)):
+            with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
+                bring_up_to_date(conn, origin, signer)
         return self._guarded(lambda conn: digests_at(conn, origin, seqs))
 
     def apply_chained(
@@ -233,8 +262,13 @@ class ChainViews:
         know, only when the page proves itself (`pagechain.verify_page`: else its failing
         op is quarantined and the origin stops). Verified signatures are stored."""
         now_ms = self._wall_ms()
+        own = origin == self.replica_id  # type: ignore[attr-defined]
         with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
-            if digests_at(conn, origin, [after])[0] != prev:
+            bring_up_to_date(conn, origin, self._own_signer(origin))
+            # our own origin is verified from the peer's `prev` (the signature binds it):
+            # ours may differ below it (a slot re-used after a restore), and apply then
+            # records the forks and recovers the rest
+            if not own and digests_at(conn, origin, [after])[0] != prev:
                 return ApplyResult(
                     diverged={origin: after},
                     stopped={origin: f"chain divergence: the peer's chain at origin_seq "
@@ -244,6 +278,11 @@ class ChainViews:
             if key is not None and events:
                 proof = verify_page(key, prev, events, _page_shas(conn, events, artifacts),
                                     signatures or {})
+                if not isinstance(proof, PageProof) and own and proof[0] == UNSIGNED:
+                    # ops of ours this peer cannot prove: recorded, never recovered, and
+                    # their slots never re-used (as through a hub)
+                    return apply_page(conn, self.replica_id, events, artifacts,  # type: ignore[attr-defined]
+                                      now_ms, own_verified=False)
                 if not isinstance(proof, PageProof):
                     return _refuse(conn, now_ms, events, origin, proof)
             # ops of ours recover only proven by our own key (verified above)
@@ -258,13 +297,20 @@ class ChainViews:
                     "AND digest = ?",
                     [(sig, origin, seq, proof.digests[seq])
                      for seq, sig in proof.signatures.items()])
-            key_of_ours = self.signing_key  # type: ignore[attr-defined]
-            if origin == self.replica_id and result.applied and key_of_ours is not None:  # type: ignore[attr-defined]
+            signer = self._own_signer(origin)
+            if signer is not None and result.applied:
                 # ops of ours recovered above a slot we re-used (a restore, a clone) chain
                 # differently from the copy that signed them: we are their origin, so we
                 # sign what we now hold, and can serve it on
-                sign_own_chain(conn, origin, lambda digest: sign_digest(key_of_ours, digest))
+                sign_own_chain(conn, origin, signer)
             return result
+
+    def _own_signer(self, origin: str) -> Any:
+        """How to sign `origin`'s digests: only our own origin, only with our key."""
+        key = self.signing_key  # type: ignore[attr-defined]
+        if origin != self.replica_id or key is None:  # type: ignore[attr-defined]
+            return None
+        return lambda digest: sign_digest(key, digest)
 
     def chain_signatures(self, origin: str, seqs: Sequence[int]) -> dict[int, bytes]:
         """The signatures we hold for these ops of `origin`."""
