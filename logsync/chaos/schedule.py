@@ -20,11 +20,12 @@ hub_kill    kill -9 of the hub, restarted 2-6 s later                           
 =========== ==================================================================== ==========
 
 Network kinds (isolate, partition, bridge, flap) never overlap each other; a member has
-at most one process fault (kill, pause, skew, disk, hub_kill) at a time; network and
-process faults overlap freely. Every kind of the mix is placed once before any repeats
-(the longest first). Every fault starts within the round's window; one still running
-when the window closes is ended by the final heal (``nemesis.heal_all``), except pauses,
-which always run their full length (longer than the request timeout).
+at most one process fault (kill, pause, skew, disk, hub_kill) at a time, a link one lossy
+fault; network, process and link faults overlap freely. Every kind of the mix is placed
+once before any repeats (the longest first). Every fault starts within the round's
+window; one still running when the window closes is ended by the final heal
+(``nemesis.heal_all``), except pauses, which always run their full length (longer than
+the request timeout).
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def make_schedule(seed: int, kinds: tuple[str, ...], window: float, members: lis
     first = [todo[0], *rng.sample(todo[1:], len(todo) - 1)] if todo else []
     net_free_at = WARMUP_S
     node_free_at = dict.fromkeys(members, WARMUP_S)
+    link_free_at: dict[tuple[str, str], float] = {}
     faults: list[Fault] = []
     t = WARMUP_S
     for _ in range(10_000):  # bounded
@@ -142,7 +144,8 @@ def make_schedule(seed: int, kinds: tuple[str, ...], window: float, members: lis
             t += rng.uniform(1.0, 3.0)
             continue
         free = [m for m in members if node_free_at[m] <= start]
-        targets, params = _targets(kind, rng, members, free, list(disk_nodes), list(links))
+        idle = [pair for pair in links if link_free_at.get(pair, 0.0) <= start]
+        targets, params = _targets(kind, rng, members, free, list(disk_nodes), idle)
         if not targets:
             t += rng.uniform(1.0, 3.0)
             continue
@@ -156,6 +159,8 @@ def make_schedule(seed: int, kinds: tuple[str, ...], window: float, members: lis
         elif kind in PROCESS:
             for target in targets:
                 node_free_at[target] = fault.end + 0.5
+        else:
+            link_free_at[(targets[0], targets[1])] = fault.end + 0.5
         t += rng.uniform(1.0, 4.0)
     return sorted(faults, key=lambda f: f.start)
 

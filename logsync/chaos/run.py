@@ -1,0 +1,219 @@
+"""One chaos run: a cluster, then rounds of (faults + workload, heal, convergence, check).
+
+A round is the nemesis window (``window`` seconds of faults drawn by
+``schedule.make_schedule`` while the workload appends), then ``heal_all``, then the wait
+for convergence (bounded by ``converge_timeout``) and the checker. A soak repeats rounds
+until ``duration`` has passed; the tests run one round per seed. The run's directory
+holds ``timeline.jsonl`` (as it happens), ``verdict.json``, ``timeline.png`` and every
+process's log; ``RunResult.replay`` is the command that replays its nemesis schedule.
+"""
+
+from __future__ import annotations
+
+import random
+import shlex
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from logsync.chaos import netns
+from logsync.chaos.checker import check, read_replica, wait_converged
+from logsync.chaos.cluster import Cluster, ClusterConfig, edges
+from logsync.chaos.interop import hub as H
+from logsync.chaos.nemesis import Nemesis, heal_all
+from logsync.chaos.report import plot, write_json
+from logsync.chaos.schedule import Fault, make_schedule, parse_mix
+from logsync.chaos.timeline import Timeline
+from logsync.chaos.workload import Workload
+
+NEMESIS_JOIN_S = 90.0  # a fault step may wait for a restart (30 s) and more
+
+
+@dataclass
+class RunConfig:
+    seed: int
+    out: Path
+    topology: str = "mesh"
+    mix: str = "standard"
+    nodes: int = 5
+    mode: str = "auto"
+    window: float = 40.0
+    rounds: int = 1
+    duration: float = 0.0  # > 0: a soak, rounds until this many seconds have passed
+    rate: float = 4.0
+    interval: float = 2.0
+    converge_timeout: float = 120.0
+    daemon_module: str = "logsync"
+    expected_ledgers: bool = False
+    echo: bool = False
+
+    def members(self) -> list[str]:
+        return [f"n{i}" for i in range(1, self.nodes + 1)] + ["hub"]
+
+    def disk_nodes(self) -> tuple[str, ...]:
+        if "disk" not in parse_mix(self.mix):
+            return ()
+        return (f"n{random.Random(self.seed).randint(1, self.nodes)}",)
+
+    def lossy_links(self, mode: str) -> list[tuple[str, str]]:
+        """Links a ``lossy`` fault may hit: all in loopback mode, two drawn in netns mode."""
+        if "lossy" not in parse_mix(self.mix):
+            return []
+        links = [pair for a, b in edges(self.topology, self.members()) for pair in
+                 ((a, b), (b, a))]
+        if mode == "loopback":
+            return links
+        return sorted(random.Random(self.seed + 7).sample(links, min(2, len(links))))
+
+    def replay(self, mode: str) -> str:
+        argv = ["python", "-m", "logsync.chaos", "--seed", str(self.seed), "--topology",
+                self.topology, "--mix", self.mix, "--nodes", str(self.nodes), "--mode", mode,
+                "--window", f"{self.window:g}"]
+        argv += (["--duration", f"{self.duration:g}s"] if self.duration
+                 else ["--rounds", str(self.rounds)])
+        if self.daemon_module != "logsync":
+            argv += ["--daemon-module", self.daemon_module]
+        return shlex.join(argv)
+
+
+@dataclass
+class RunResult:
+    ok: bool
+    summary: dict[str, Any]
+    out: Path
+    replay: str
+    leftovers: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        s = self.summary
+        conv = s["convergence_s"]
+        return (f"seed {s['seed']} {s['topology']}/{s['mix']} ({s['mode']}): "
+                f"{'PASS' if self.ok else 'FAIL'}; acknowledged {s['acknowledged']}, lost "
+                f"{s['lost']}, duplicated {s['duplicated']}, divergent {s['divergent']}; "
+                f"heal->converged median {conv['median']} s, max {conv['max']} s")
+
+
+def run(cfg: RunConfig, mempalace_exe: Path | None = None) -> RunResult:
+    """Run it; everything the harness made is gone when this returns (or raises)."""
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    timeline = Timeline(cfg.out / "timeline.jsonl", echo=cfg.echo)
+    exe = mempalace_exe or H.ensure_mempalace()
+    kinds = parse_mix(cfg.mix)
+    proxied = tuple(cfg.lossy_links("netns")) if cfg.mode != "loopback" else ()
+    cluster = Cluster(ClusterConfig(
+        root=cfg.out, nodes=cfg.nodes, topology=cfg.topology, mode=cfg.mode,
+        interval=cfg.interval, disk_nodes=cfg.disk_nodes(), proxied=proxied,
+        daemon_module=cfg.daemon_module, seed=cfg.seed), timeline, exe)
+    rounds: list[dict[str, Any]] = []
+    workload = Workload(cluster, timeline, seed=cfg.seed, rate=cfg.rate)
+    try:
+        with cluster:
+            links = cfg.lossy_links(cluster.mode)
+            for round_no in range(10_000 if cfg.duration else cfg.rounds):
+                faults = make_schedule(cfg.seed, kinds, cfg.window, cfg.members(),
+                                       disk_nodes=list(cfg.disk_nodes()), links=links,
+                                       round_no=round_no)
+                rounds.append(_round(cfg, cluster, timeline, workload, faults, round_no))
+                if cfg.duration and timeline.now() >= cfg.duration:
+                    break
+    finally:
+        problems = cluster.close()
+        leftovers = netns.find([cluster.tag]).describe() if cluster.tag else []
+    summary = _summary(cfg, cluster, workload, rounds, problems, leftovers)
+    result = RunResult(ok=summary["ok"], summary=summary, out=cfg.out,
+                       replay=cfg.replay(cluster.mode), leftovers=leftovers)
+    png = plot(summary, timeline.entries, cfg.out / "timeline.png")
+    summary["plot"] = str(png) if png else None
+    write_json(summary, cfg.out / "verdict.json")
+    timeline.log("verdict", ok=result.ok, line=result.line(), replay=result.replay)
+    return result
+
+
+def _round(cfg: RunConfig, cluster: Cluster, timeline: Timeline, workload: Workload,
+           faults: list[Fault], round_no: int) -> dict[str, Any]:
+    began = timeline.now()
+    timeline.log("round", round=round_no, window=cfg.window,
+                 schedule=[f.as_dict() for f in faults])
+    nemesis = Nemesis(cluster, timeline, faults, round_no)
+    stop_faults, stop_appends = threading.Event(), threading.Event()
+    threads = [threading.Thread(target=nemesis.run, args=(began, stop_faults),
+                                name="chaos-nemesis", daemon=True),
+               threading.Thread(target=workload.run, args=(stop_appends, round_no),
+                                name="chaos-workload", daemon=True)]
+    for thread in threads:
+        thread.start()
+    deadline = began + cfg.window
+    while timeline.now() < deadline:
+        time.sleep(min(0.5, max(0.01, deadline - timeline.now())))
+    stop_faults.set()  # a fault still running is ended by the heal
+    stop_appends.set()
+    for thread in threads:
+        thread.join(NEMESIS_JOIN_S)
+    heal_problems = heal_all(cluster, timeline, round_no)
+    heal_at = timeline.now()
+    ran = _ran(timeline, round_no, len(faults), heal_at)
+    acked = workload.acknowledged()
+    members = list(cluster.nodes.values())
+
+    def read(deep: bool = False) -> list:
+        return [read_replica(n.name, n.kind, n.palace, deep=deep) for n in members]
+
+    took = wait_converged(read, acked, timeout=cfg.converge_timeout)
+    timeline.log("converged" if took is not None else "not_converged", round=round_no,
+                 after_heal_s=None if took is None else round(took, 2))
+    verdict = check(read(deep=True), acked, expected_ledgers=cfg.expected_ledgers)
+    verdict.converged = took is not None
+    verdict.convergence_s = None if took is None else round(took, 2)
+    if took is None:
+        verdict.fail(f"did not converge within {cfg.converge_timeout:g} s of the heal")
+    for problem in heal_problems:
+        verdict.fail(f"could not heal: {problem}")
+    timeline.log("check", round=round_no, ok=verdict.ok, problems=verdict.problems[:10])
+    ops = list(workload.history)
+    return {"round": round_no, "began": round(began, 2), "heal_at": round(heal_at, 2),
+            "convergence_s": verdict.convergence_s,
+            "faults": [{**f.as_dict(), "ran": r} for f, r in zip(faults, ran, strict=True)],
+            "nemesis_errors": nemesis.errors, "verdict": verdict.as_dict(),
+            "appends": {o: sum(1 for x in ops if x.outcome == o) for o in ("ok", "fail", "info")}}
+
+
+def _ran(timeline: Timeline, round_no: int, count: int,
+         heal_at: float) -> list[list[float] | None]:
+    """When each fault of the round really began and ended (the heal, if it did not end)."""
+    acts = [e for e in timeline.of("fault") if e.get("round") == round_no]
+    out: list[list[float] | None] = []
+    for index in range(count):
+        times = {e["phase"]: e["t"] for e in acts if e["index"] == index}
+        out.append([times["begin"], round(times.get("end", heal_at), 3)]
+                   if "begin" in times else None)
+    return out
+
+
+def _summary(cfg: RunConfig, cluster: Cluster, workload: Workload, rounds: list[dict],
+             problems: list[str], leftovers: list[str]) -> dict[str, Any]:
+    times = [r["convergence_s"] for r in rounds if r["convergence_s"] is not None]
+    verdicts = [r["verdict"] for r in rounds]
+    history = workload.history
+    ok = bool(rounds) and all(v["ok"] for v in verdicts) and not leftovers and not problems
+    return {
+        "ok": ok, "seed": cfg.seed, "topology": cfg.topology, "mix": cfg.mix,
+        "mode": cluster.mode, "mode_reason": cluster.mode_reason, "members": cfg.members(),
+        "window_s": cfg.window, "rounds_run": len(rounds), "interval_s": cfg.interval,
+        "replay": cfg.replay(cluster.mode or cfg.mode),
+        "acknowledged": sum(1 for o in history if o.outcome == "ok"),
+        "failed": sum(1 for o in history if o.outcome == "fail"),
+        "indeterminate": sum(1 for o in history if o.outcome == "info"),
+        "lost": max((len(v["lost"]) for v in verdicts), default=0),
+        "duplicated": max((len(v["duplicated"]) for v in verdicts), default=0),
+        "divergent": max((len(v["divergent"]) for v in verdicts), default=0),
+        "convergence_s": {"median": round(median(times), 2) if times else None,
+                          "max": round(max(times), 2) if times else None,
+                          "each": times},
+        "faults": {k: sum(1 for r in rounds for f in r["faults"] if f["kind"] == k)
+                   for k in sorted({f["kind"] for r in rounds for f in r["faults"]})},
+        "cleanup_problems": problems, "leftovers": leftovers, "swept_at_start": cluster.swept,
+        "rounds": rounds, "history": [o.as_dict() for o in history],
+    }
