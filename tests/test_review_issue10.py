@@ -210,11 +210,11 @@ class TightRelay(Relay):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "pagechain/engine: a relay holds signatures only at checkpoints and its own page "
-    "ends, so once the puller's page is under 64 ops (halved after PeerTooLargeError, "
-    "a small page_limit, a smaller byte budget) no page ends at a signed op: "
-    "unsigned_page every round, no record, the origin never moves (the same ops "
-    "through a hub would be taken, unproven)"
+    "known limit, RFC 004 §9.3 (c): a relay holds signatures only at checkpoints (every "
+    "64th op) and at the ends of the pages it pulled, so a puller whose pages must stay "
+    "under 64 ops (here: its byte bound) finds no page of a signed origin that ends at a "
+    "signed op from that relay; the origin stops there (unsigned_page) and moves only "
+    "through the author or a hub. Closing it needs every signature on the wire"
 ))
 def test_a_signed_origin_moves_in_pages_smaller_than_a_checkpoint(tmp_path):
     a, r, p = (Store.open(tmp_path / n) for n in ("a", "r", "p"))

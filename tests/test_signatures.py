@@ -322,3 +322,29 @@ def test_a_clone_serves_the_ops_it_adopted_signed(tmp_path):
     report = pull(p, Relay(clone))
     assert p.version_vector()[a.replica_id] == 8, report.origins[a.replica_id].stop_reason
     assert quarantined(p) == []
+
+
+def test_an_artifact_the_relay_does_not_have_is_a_missing_artifact_not_a_forgery(tmp_path):
+    """A signed op whose artifact the relay cannot serve (404) is quarantined as
+    missing_artifact at that op, as the store's own check names it, not bad_signature."""
+    a, r, c = (Store.open(tmp_path / n) for n in ("a", "r", "c"))
+    art = a.put_artifact("patch", "the patch", "alice")
+    append(a, 2)
+    append(a, 1, "names", artifact_ids=[art["id"]])
+    pull(r, Relay(a))
+    relay = Relay(r, on_pages(lambda body: body.pop("artifacts", None)))
+    relay.missing.add(art["id"])
+    pull(c, relay)
+    (bad,) = quarantined(c)
+    assert bad["reason"].startswith("missing_artifact") and bad["origin_seq"] == 3
+
+
+def test_a_peer_whose_chain_at_zero_is_not_d0_fails_its_origin_records_nothing(trio):
+    a, r, c = trio
+
+    def lie(body: dict) -> None:
+        body["chain"]["prev"] = "ab" * 32
+    report = pull(c, Relay(r, on_pages(lie)))
+    progress = report.origins[a.replica_id]
+    assert progress.error_kind == "protocol" and "d_0" in progress.stop_reason
+    assert [x for x in c.list_conflicts() if x["kind"] == "divergence"] == []

@@ -323,6 +323,9 @@ class ChainViews:
         origin's id certifies replaces one pinned on first sight, also recorded. Returns
         origin -> 'new' | 'same' | 'changed' | 'replaced' | 'ignored'."""
         now = model.utc_now_iso(self._wall_ms())
+        held = self._guarded(lambda conn: {o: known_key(conn, o) for o in keys})
+        if all(held[o] == key for o, key in keys.items()):
+            return dict.fromkeys(keys, "same")  # the usual round: nothing to write
         with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
             before = {o: known_key(conn, o) for o in keys}
             outcomes = {o: pin_published(conn, o, key, now, peer) for o, key in keys.items()}
