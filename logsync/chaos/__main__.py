@@ -94,9 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     def terminate(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, terminate)
+    previous = signal.signal(signal.SIGTERM, terminate)  # SIGTERM cleans up like Ctrl-C
     began = time.monotonic()
-    result = run(cfg)
+    try:
+        result = run(cfg)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(result.line())
     print(f"run directory {result.out} (verdict.json, timeline.png, timeline.jsonl, logs/); "
           f"{time.monotonic() - began:.0f} s")

@@ -227,6 +227,9 @@ def _check_acked(v: Verdict, replicas: list[Replica], acked: list[Acked]) -> Non
                                f"held under another key on {wrong}")
     if v.lost:
         v.fail(f"{len(v.lost)} acknowledged append(s) lost, e.g. {v.lost[:3]}")
+    if v.divergent:
+        v.fail(f"{len(v.divergent)} acknowledged append(s) under another key: "
+               f"{v.divergent[:3]}")
 
 
 def _check_prefixes(v: Verdict, replicas: list[Replica]) -> None:

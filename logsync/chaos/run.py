@@ -200,7 +200,8 @@ def _summary(cfg: RunConfig, cluster: Cluster, workload: Workload, rounds: list[
     ok = bool(rounds) and all(v["ok"] for v in verdicts) and not leftovers and not problems
     return {
         "ok": ok, "seed": cfg.seed, "topology": cfg.topology, "mix": cfg.mix,
-        "mode": cluster.mode, "mode_reason": cluster.mode_reason, "members": cfg.members(),
+        "mode": cluster.mode, "mode_reason": cluster.mode_reason, "tag": cluster.tag,
+        "members": cfg.members(),
         "window_s": cfg.window, "rounds_run": len(rounds), "interval_s": cfg.interval,
         "replay": cfg.replay(cluster.mode or cfg.mode),
         "acknowledged": sum(1 for o in history if o.outcome == "ok"),

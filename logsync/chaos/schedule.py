@@ -86,7 +86,8 @@ def _length(kind: str, rng: random.Random, pause_s: float) -> float:
 
 
 def _targets(kind: str, rng: random.Random, members: list[str], free: list[str],
-             disk_nodes: list[str], links: list[tuple[str, str]]) -> tuple[list[str], dict]:
+             disk_nodes: list[str], links: list[tuple[str, str]],
+             reserved: set[str]) -> tuple[list[str], dict]:
     daemons = [m for m in free if m != "hub"]
     if kind in ("isolate", "flap"):
         return [rng.choice(members)], {}
@@ -103,8 +104,9 @@ def _targets(kind: str, rng: random.Random, members: list[str], free: list[str],
         return ([rng.choice(daemons)] if daemons else []), (
             {"offset": rng.choice([-1, 1]) * round(rng.uniform(30, 3600)),
              "jump": rng.choice([-600.0, -60.0, 120.0, 3600.0])} if kind == "skew" else {})
-    if kind == "pause":
-        return ([rng.choice(free)] if free else []), {}
+    if kind == "pause":  # it lasts: not on a member another kind alone can hit
+        usable = [m for m in free if m not in reserved] or free
+        return ([rng.choice(usable)] if usable else []), {}
     if kind == "disk":
         usable = [n for n in disk_nodes if n in free]
         return ([rng.choice(usable)] if usable else []), {}
@@ -132,6 +134,8 @@ def make_schedule(seed: int, kinds: tuple[str, ...], window: float, members: lis
     net_free_at = WARMUP_S
     node_free_at = dict.fromkeys(members, WARMUP_S)
     link_free_at: dict[tuple[str, str], float] = {}
+    reserved = set(disk_nodes) | ({"hub"} if "hub_kill" in kinds else set())
+    placed: set[str] = set()
     faults: list[Fault] = []
     t = WARMUP_S
     for _ in range(10_000):  # bounded
@@ -145,10 +149,13 @@ def make_schedule(seed: int, kinds: tuple[str, ...], window: float, members: lis
             continue
         free = [m for m in members if node_free_at[m] <= start]
         idle = [pair for pair in links if link_free_at.get(pair, 0.0) <= start]
-        targets, params = _targets(kind, rng, members, free, list(disk_nodes), idle)
+        targets, params = _targets(kind, rng, members, free, list(disk_nodes), idle, reserved)
         if not targets:
+            if kind in todo and kind not in placed:
+                first.append(kind)  # a kind of the mix not placed yet: try it again later
             t += rng.uniform(1.0, 3.0)
             continue
+        placed.add(kind)
         if kind == "flap":
             params = {"period": round(rng.uniform(0.5, 1.5), 2)}
         fault = Fault(kind=kind, start=round(start, 2), duration=round(length, 2),
