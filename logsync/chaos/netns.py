@@ -255,6 +255,9 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+SWEEP_PASSES = 5
+
+
 def sweep() -> list[str]:
     """Remove the leftovers of every harness that is no longer running; say what went."""
     found = find()
@@ -266,7 +269,11 @@ def sweep() -> list[str]:
         return []
     stale = find(dead)
     removed = stale.describe()
-    remove(stale)
+    for _ in range(SWEEP_PASSES):  # a child of a dead harness may start a process meanwhile
+        if not remove(stale):
+            break
+        stale = find(dead)
+        removed += [item for item in stale.describe() if item not in removed]
     for tag in dead:
         release(tag)
     return removed
