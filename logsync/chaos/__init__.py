@@ -26,5 +26,10 @@ A run, in order (one module per concern):
   prefixes, no duplicates, identical canonical rows, ledgers, integrity, convergence time;
 - ``report`` — the verdict and timeline as JSON and a PNG;
 - ``run`` — one run (rounds of faults, heal, check) and its replay command;
+- ``timeline`` — every action with its time, kept and written as it happens;
+- ``interop`` — the import of ``tests/interop/hub.py``;
 - ``__main__`` — the command line.
+
+The checker's own tests (``tests/chaos/``) include a planted defect: a daemon that loses
+every tenth op it applies must fail the run with its losses named.
 """

@@ -25,7 +25,10 @@ fault; network, process and link faults overlap freely. Every kind of the mix is
 once before any repeats (the longest first). Every fault starts within the round's
 window; one still running when the window closes is ended by the final heal
 (``nemesis.heal_all``), except pauses, which always run their full length (longer than
-the request timeout).
+the request timeout). The last network fault (a partition, bridge or isolation, when the
+mix has one) begins 5-9 s before the window closes and is still on when it does: the heal
+ends it, so the time from the heal to convergence is the recovery from a split with
+writes on both sides.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ MIXES = {
     "all": KINDS,
     "none": (),
 }
+SPLITS = ("partition", "bridge", "isolate")  # the kinds that may be on at the heal
+HEALED_BY_S = 10.0  # the final split's nominal end lies past the window: the heal ends it
 REQUEST_TIMEOUT_S = 30.0  # logsync's per-read timeout (client.PeerClient): pauses exceed it
 WARMUP_S = 2.0
 
@@ -137,6 +142,8 @@ def make_schedule(seed: int, kinds: tuple[str, ...], window: float, members: lis
     reserved = set(disk_nodes) | ({"hub"} if "hub_kill" in kinds else set())
     placed: set[str] = set()
     faults: list[Fault] = []
+    splits = [k for k in kinds if k in SPLITS]
+    final_start = window - rng.uniform(5.0, 9.0) if splits else window + 1.0
     t = WARMUP_S
     for _ in range(10_000):  # bounded
         if t >= window - 1.0:
@@ -144,7 +151,10 @@ def make_schedule(seed: int, kinds: tuple[str, ...], window: float, members: lis
         kind = first.pop(0) if first else rng.choice(kinds)
         length = _length(kind, rng, pause_s)
         start = max(t, net_free_at) if kind in NETWORK else t
-        if start + 1.0 > window or (kind == "pause" and start + length > window):
+        if kind in NETWORK and start + length > final_start - 0.5:
+            length = final_start - 0.5 - start  # the network's tail is the final split's
+        if (start + 1.0 > window or (kind == "pause" and start + length > window)
+                or (kind in NETWORK and length < 2.0)):
             t += rng.uniform(1.0, 3.0)
             continue
         free = [m for m in members if node_free_at[m] <= start]
@@ -169,6 +179,12 @@ def make_schedule(seed: int, kinds: tuple[str, ...], window: float, members: lis
         else:
             link_free_at[(targets[0], targets[1])] = fault.end + 0.5
         t += rng.uniform(1.0, 4.0)
+    if splits:
+        kind = rng.choice(splits)
+        targets, params = _targets(kind, rng, members, members, [], [], set())
+        faults.append(Fault(kind=kind, start=round(final_start, 2),
+                            duration=round(window - final_start + HEALED_BY_S, 2),
+                            targets=targets, params=params))
     return sorted(faults, key=lambda f: f.start)
 
 

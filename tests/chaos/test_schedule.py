@@ -48,6 +48,8 @@ def test_every_kind_is_placed_and_the_exclusions_hold(mix: str) -> None:
             mine = sorted((f for f in faults if f.kind in PROCESS and member in f.targets),
                           key=lambda f: f.start)
             assert all(a.end <= b.start for a, b in zip(mine, mine[1:], strict=False)), seed
+        final = max(net, key=lambda f: f.start)
+        assert 31.0 <= final.start <= 35.0 and final.end > 40.0, "a split is on at the heal"
         for fault in faults:
             assert 0 < fault.start < 40.0
             if fault.kind == "pause":
