@@ -45,10 +45,17 @@ def iso_utc(at: float | None) -> str | None:
     return None if at is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
-def drift(remote: Mapping[str, int], local: Mapping[str, int]) -> dict[str, int]:
-    """Ops per origin the peer holds and we do not (only the non-zero ones)."""
-    gaps = {origin: top - int(local.get(origin, 0)) for origin, top in remote.items()}
+def lack(holder: Mapping[str, int], other: Mapping[str, int]) -> dict[str, int]:
+    """Ops per origin `holder` has and `other` does not (only the non-zero ones): with the
+    peer's vector first, what we lack (`we_lack`); with ours first, what the peer lacks
+    (`they_lack`)."""
+    gaps = {origin: int(top) - int(other.get(origin, 0)) for origin, top in holder.items()}
     return {origin: gap for origin, gap in sorted(gaps.items()) if gap > 0}
+
+
+def drift(remote: Mapping[str, int], local: Mapping[str, int]) -> dict[str, int]:
+    """Ops per origin the peer holds and we do not: `lack(remote, local)`."""
+    return lack(remote, local)
 
 
 def error_kind(error: BaseException) -> str:
@@ -138,9 +145,16 @@ class PeerState:
             return dict(self.drift)
         return drift(self.remote_version_vector, local)
 
+    def they_lack(self, local: Mapping[str, int] | None) -> dict[str, int] | None:
+        """What the peer lacks of ours, from its last vector (None: never seen one)."""
+        if local is None or self.remote_version_vector is None:
+            return None
+        return lack(local, self.remote_version_vector)
+
     def as_upstream_peer_entry(self, local: Mapping[str, int] | None = None) -> dict[str, Any]:
         """One `/sync/peers` peer entry: upstream keys first, then ours (additive)."""
         current = self.drift_against(local)
+        theirs = self.they_lack(local)
         return {
             "name": self.name,
             "url": self.url,
@@ -158,6 +172,9 @@ class PeerState:
             "consecutive_failures": self.consecutive_failures,
             "drift": current,
             "drift_total": sum(current.values()),
+            "we_lack": sum(current.values()) if self.remote_version_vector is not None else None,
+            "they_lack": None if theirs is None else sum(theirs.values()),
+            "they_lack_by_origin": theirs,
             "totals": {
                 "pulled_events": self.total_pulled_events,
                 "pulled_artifacts": self.total_pulled_artifacts,

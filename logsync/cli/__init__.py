@@ -10,6 +10,7 @@ from __future__ import annotations
 
 # Importing the command modules registers their commands on `cli`.
 from logsync.cli import (  # noqa: E402
+    ledgers,  # noqa: F401
     local,  # noqa: F401
     replication,  # noqa: F401
     sim,  # noqa: F401

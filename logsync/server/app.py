@@ -33,6 +33,7 @@ from logsync.server.policy import (
 )
 from logsync.server.routes import (
     _ENDPOINTS,
+    _METHODS,
 )
 from logsync.server.stream import (
     ChangeNotifier,
@@ -129,7 +130,8 @@ def create_app(
             await anyio.to_thread.run_sync(server.close)
 
     app = Starlette(
-        routes=[Route(path, endpoint, methods=["GET"]) for path, endpoint in _ENDPOINTS.items()],
+        routes=[Route(path, endpoint, methods=list(_METHODS.get(path, ("GET",))))
+                for path, endpoint in _ENDPOINTS.items()],
         middleware=[Middleware(_Guard, server=server)],
         exception_handlers={
             HTTPException: _http_exception,

@@ -35,6 +35,9 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 ORIGIN_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 STORE_RETRY_AFTER_S = 5
 GUARDED_PREFIXES = ("/sync/", "/logstream/")
+# Routes that read their own request body under their own cap (`read_body`); the guard
+# neither caps nor drains it for them.
+OWN_BODY_ROUTES: set[str] = set()
 PEER_KEYS = (
     "name",
     "url",
@@ -281,6 +284,34 @@ def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -
 
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
     return _json(status, {"error": message}, headers)
+
+
+class BodyRefused(Exception):
+    """A request body over its cap or too slow; `response` is the one-sentence answer."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+async def read_body(request: Request, cap: int, timeout_s: float) -> bytes:
+    """The whole body of a route in `OWN_BODY_ROUTES`, at most `cap` bytes, arriving within
+    `timeout_s`: a bigger one is 413 and a slow one 408 (`BodyRefused`), never buffered."""
+    length = request.headers.get("content-length", "").strip()
+    if length.isdigit() and int(length) > cap:
+        raise BodyRefused(_error(413, f"request body is {int(length)} bytes; maximum is "
+                                      f"{cap} bytes"))
+    chunks, total = [], 0
+    with anyio.move_on_after(timeout_s) as scope:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > cap:
+                raise BodyRefused(_error(413, f"request body exceeds the maximum of {cap} "
+                                              "bytes"))
+            chunks.append(chunk)
+    if scope.cancelled_caught:
+        raise BodyRefused(_error(408, f"the request body did not arrive within {timeout_s:g} s"))
+    return b"".join(chunks)
 
 
 def _wants_msgpack(request: Request) -> bool:

@@ -22,6 +22,7 @@ from logsync.server.common import (
     GUARDED_PREFIXES,
     LOOPBACK_NAMES,
     ORIGIN_LOOPBACK,
+    OWN_BODY_ROUTES,
     ROUTES,
     STORE_RETRY_AFTER_S,
     _error,
@@ -53,7 +54,9 @@ class _Guard:
             await send(message)
 
         headers = Headers(scope=scope)
-        refusal = self._refusal(path, headers) or await self._oversize(headers, receive)
+        refusal = self._refusal(path, headers)
+        if refusal is None and path not in OWN_BODY_ROUTES:
+            refusal = await self._oversize(headers, receive)
         if refusal is None and path.startswith(GUARDED_PREFIXES):
             refusal = self._unavailable()
         if refusal is not None:
@@ -106,7 +109,8 @@ class _Guard:
         return None
 
     async def _oversize(self, headers: Headers, receive: Receive) -> Response | None:
-        """413 for a body over the cap; a small body is read and dropped (all routes GET)."""
+        """413 for a body over the cap; a small body is read and dropped (the routes
+        outside OWN_BODY_ROUTES take none)."""
         cap = self.srv.cfg.max_body_bytes
         length = headers.get("content-length")
         if length is not None and length.strip().isdigit():
@@ -171,7 +175,9 @@ def _host_allowed(host: str, allowed: frozenset[str], port: int | None) -> bool:
 async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        message = f"method {request.method} is not allowed on {request.url.path}; use GET"
+        allow = (exc.headers or {}).get("Allow", "GET").split(", ")
+        allowed = " or ".join(m for m in allow if m != "HEAD") or "GET"
+        message = f"method {request.method} is not allowed on {request.url.path}; use {allowed}"
     elif exc.status_code == 404:
         message = f"no route {shorten(request.url.path)}; routes are {', '.join(ROUTES)}"
     else:

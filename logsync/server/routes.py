@@ -222,3 +222,6 @@ _ENDPOINTS = {
     "/sync/peers": sync_peers,
     "/logstream/stream": logstream_stream,
 }
+
+# Endpoints that take more than GET (everything else is GET only).
+_METHODS: dict[str, tuple[str, ...]] = {}
