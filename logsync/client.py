@@ -25,6 +25,7 @@ import contextlib
 import logging
 import random
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Generator, Mapping
 from typing import Any
 
@@ -43,7 +44,7 @@ from logsync.answers import (
     parse_retry_after,
     translate_transport,
 )
-from logsync.effects import STORE_EFFECTS, StoreLike, perform
+from logsync.effects import STORE_EFFECTS, ApplyPage, StoreLike, perform
 from logsync.engine import RoundReport, pull_round, targeted_origin
 from logsync.errors import (
     ConfigError,
@@ -243,11 +244,17 @@ class PeerClient:
         """Advance the round on the event loop; its store effects run in a worker thread
         (SQLite blocks), its requests here. What either raises is thrown back in."""
         done, value = _advance(gen, "send", None)
+        page_began: float | None = None  # when the page now being applied was asked for
         while not done:
             try:
                 if isinstance(value, STORE_EFFECTS):
                     answer = await anyio.to_thread.run_sync(perform, store, value)
+                    if isinstance(value, ApplyPage) and page_began is not None:
+                        report.time_page(time.monotonic() - page_began)
+                        page_began = None
                 else:
+                    if page_began is None and _asks_a_page(value):
+                        page_began = time.monotonic()
                     answer = await self._perform(value, report, prefetcher)
             except Exception as exc:  # noqa: BLE001 - the round decides what it means
                 done, value = _advance(gen, "throw", exc)
@@ -432,6 +439,12 @@ class _Prefetcher:
             slot.error = exc
         finally:
             slot.done.set()
+
+
+def _asks_a_page(step: Step) -> bool:
+    if isinstance(step, Batch):
+        return any(r.path == OPS_PATH for r in step.requests)
+    return step.path == OPS_PATH
 
 
 def _advance(gen: Generator[Any, Any, Any], how: str, value: Any) -> tuple[bool, Any]:

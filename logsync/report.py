@@ -47,6 +47,9 @@ class OriginProgress:
         return dict(self.__dict__)
 
 
+PAGE_TIMES = 10_000
+
+
 @dataclass
 class RoundReport:
     """One round against one peer. The driver may pass one in to watch progress
@@ -69,6 +72,13 @@ class RoundReport:
     transient_streak: int = 0
     searches: int = 0  # divergence searches this round (`divergence.MAX_SEARCHES_PER_ROUND`)
     key_changes: list[str] = field(default_factory=list)  # origins whose key the peer changed
+    # Seconds from asking for a page to its apply's end, per page (the driver times them;
+    # at most PAGE_TIMES kept, for the metrics histogram).
+    page_seconds: list[float] = field(default_factory=list)
+
+    def time_page(self, seconds: float) -> None:
+        if len(self.page_seconds) < PAGE_TIMES:
+            self.page_seconds.append(seconds)
 
     @property
     def capped(self) -> bool:
