@@ -315,7 +315,7 @@ class Daemon:
             log.debug("peer %s: traceback", task.label, exc_info=exc)
         else:
             log.warning("%s", _named(task.label, str(exc)))
-        state.record_failure(exc, time.time())
+        state.record_failure(exc, time.time(), report)
         hint = exc.retry_after if isinstance(exc, PeerTransientError) else None
         task.loop.failed(report, anyio.current_time(), hint)
 

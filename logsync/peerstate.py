@@ -38,6 +38,9 @@ from logsync.report import RoundReport
 
 PEER_STATE_FILENAME = "peer_state.json"
 FORMAT_VERSION = 1
+# Upper bounds (seconds) of the page fetch+apply histogram kept per peer; the last count
+# is everything above the last bound.
+PAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 def iso_utc(at: float | None) -> str | None:
@@ -92,11 +95,40 @@ class PeerState:
     stopped_origins: dict[str, str] = field(default_factory=dict)
     skipped_origins: dict[str, str] = field(default_factory=dict)
     failed_origins: dict[str, str] = field(default_factory=dict)
+    page_time_counts: list[int] = field(default_factory=lambda: [0] * (len(PAGE_BUCKETS) + 1))
+    page_time_sum: float = 0.0
+    # A catch-up under way (a round that has applied ops and owes more): done/total ops,
+    # rate in ops/s, eta in seconds, began_at unix seconds. None when no round runs.
+    catchup: dict[str, Any] | None = None
 
     def record_attempt(self, now: float) -> None:
         self.last_attempt_at = now
 
+    def record_pages(self, seconds: list[float]) -> None:
+        """Fold a round's page fetch+apply times into the histogram."""
+        if len(self.page_time_counts) != len(PAGE_BUCKETS) + 1:  # an older file's shape
+            self.page_time_counts = [0] * (len(PAGE_BUCKETS) + 1)
+        for value in seconds:
+            index = next((i for i, bound in enumerate(PAGE_BUCKETS) if value <= bound),
+                         len(PAGE_BUCKETS))
+            self.page_time_counts[index] += 1
+            self.page_time_sum += value
+
+    def record_progress(self, done: int, total: int, began_at: float, now: float) -> None:
+        """A running round's progress: `done` of `total` ops since `began_at`."""
+        elapsed = max(now - began_at, 1e-9)
+        rate = done / elapsed
+        left = max(total - done, 0)
+        self.catchup = {"done": done, "total": total, "rate": round(rate, 1),
+                        "eta_s": round(left / rate, 1) if rate > 0 else None,
+                        "began_at": iso_utc(began_at)}
+
+    def end_progress(self) -> None:
+        self.catchup = None
+
     def record_success(self, report: RoundReport, now: float) -> None:
+        self.record_pages(report.page_seconds)
+        self.catchup = None
         self.replica_id = report.peer_replica or self.replica_id
         self.reachable = True
         self.last_success_at = now
@@ -131,7 +163,11 @@ class PeerState:
         self.extensions, self.skipped_origins = extensions, skipped
         self.drift = drift(merged, report.local_vector_after)
 
-    def record_failure(self, error: BaseException, now: float) -> None:
+    def record_failure(self, error: BaseException, now: float,
+                       report: RoundReport | None = None) -> None:
+        if report is not None:
+            self.record_pages(report.page_seconds)
+        self.catchup = None
         self.reachable = False
         self.last_error = str(error) or type(error).__name__
         self.last_error_kind = error_kind(error)
@@ -186,6 +222,10 @@ class PeerState:
             "extensions": list(self.extensions),
             "stopped_origins": dict(self.stopped_origins),
             "failed_origins": dict(self.failed_origins),
+            "catchup": dict(self.catchup) if self.catchup else None,
+            "page_seconds": {"buckets": list(PAGE_BUCKETS),
+                             "counts": list(self.page_time_counts),
+                             "sum": round(self.page_time_sum, 6)},
         }
 
     def to_json(self) -> dict[str, Any]:

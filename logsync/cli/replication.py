@@ -171,7 +171,7 @@ def _record(palace: Any, targets: list[peers_mod.Peer], results: list[dict[str, 
         state = book.get(peer.key, peer.url)
         state.record_attempt(now)
         if result["error"] is not None:
-            state.record_failure(result["error"], now)
+            state.record_failure(result["error"], now, result["report"])
         else:
             state.record_success(result["report"], now)
     book.save(palace)
