@@ -314,12 +314,16 @@ class PeerClient:
             attempt += 1
 
     async def _fetch_once(self, request: Request) -> tuple[Any, int]:
-        where = f"peer {self.name}: GET {request.path}"
+        method = "GET" if request.body is None else "POST"
+        where = f"peer {self.name}: {method} {request.path}"
         headers = {"Accept": MSGPACK_TYPE} if request.accept_msgpack else {}
+        if request.body is not None:
+            headers["Content-Type"] = "application/json"
         try:
             with anyio.fail_after(self.request_deadline):
-                async with self._http.stream("GET", request.path, params=request.params,
-                                             headers=headers) as response:
+                async with self._http.stream(method, request.path, params=request.params,
+                                             headers=headers,
+                                             content=request.body) as response:
                     body = await self._read_capped(response, where)
         except TimeoutError:
             raise PeerDeadlineError(

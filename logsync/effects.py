@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from logsync.responder import push_page
+
 
 class StoreLike(Protocol):
     """What a round needs from `logsync.store.Store`."""
@@ -110,10 +112,21 @@ class RecordDivergence:
     remote_ops: list[dict]
 
 
+@dataclass(frozen=True)
+class ServePushPage:
+    """Our page of `origin` above `after` to push, encoded (`responder.push_page`)."""
+
+    origin: str
+    after: int
+    limit: int
+    max_bytes: int
+    sender: str
+
+
 StoreEffect = (ReadVector | ReadOwnSeen | MissingArtifacts | ApplyPage | ReadDigests | ReadOps
-               | RecordDivergence | PinKeys)
+               | RecordDivergence | PinKeys | ServePushPage)
 STORE_EFFECTS = (ReadVector, ReadOwnSeen, MissingArtifacts, ApplyPage, ReadDigests, ReadOps,
-                 RecordDivergence, PinKeys)
+                 RecordDivergence, PinKeys, ServePushPage)
 
 
 def perform(store: StoreLike, effect: StoreEffect) -> Any:
@@ -134,6 +147,9 @@ def perform(store: StoreLike, effect: StoreEffect) -> Any:
     if isinstance(effect, ReadOps):
         return store.list_ops(effect.origin, effect.after, effect.limit,
                               max_limit=effect.limit)
+    if isinstance(effect, ServePushPage):
+        return push_page(store, effect.origin, effect.after, effect.limit, effect.max_bytes,
+                         effect.sender)
     if isinstance(effect, PinKeys):
         return store.pin_keys(effect.keys, effect.peer)
     if isinstance(effect, RecordDivergence):

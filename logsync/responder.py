@@ -28,6 +28,7 @@ from logsync.wire import (
     ADVERTISED_KEYS,
     ADVERTISED_MAX_PAGE,
     ADVERTISED_MAX_PAGE_BYTES,
+    ADVERTISED_MAX_PUSH_BYTES,
     ADVERTISED_TIPS,
     ADVERTISEMENT_KEY,
     DIGESTS_PATH,
@@ -35,6 +36,7 @@ from logsync.wire import (
     EXT_INLINE_ARTIFACTS,
     EXT_LARGE_PAGES,
     EXT_MSGPACK,
+    EXT_PUSH,
     EXTENSIONS_PARAM,
     LARGE_PAGE_CEILING,
     MAX_DIGESTS_PER_REQUEST,
@@ -64,17 +66,21 @@ class Profile:
     max_page: int = LARGE_PAGE_CEILING
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
     inline_artifact_bytes: int = DEFAULT_INLINE_ARTIFACT_BYTES
+    max_push_bytes: int = 0  # the body cap of `POST /sync/push` (advertised with `push`)
 
     def advertisement(self) -> dict[str, Any] | None:
         """The `"logsync"` object of the vector answer (None for an upstream hub)."""
         if not self.extensions:
             return None
-        return {
+        advert = {
             "version": __version__,
             "extensions": list(self.extensions),
             ADVERTISED_MAX_PAGE: self.max_page,
             ADVERTISED_MAX_PAGE_BYTES: self.max_page_bytes,
         }
+        if EXT_PUSH in self.extensions:
+            advert[ADVERTISED_MAX_PUSH_BYTES] = self.max_push_bytes
+        return advert
 
 
 LOGSYNC_SERVER = Profile()
@@ -291,3 +297,31 @@ def page_artifacts(store: Any, events: list[dict[str, Any]], budget: int) -> lis
         found.append(artifact)
         spent += size
     return found
+
+
+@dataclass(frozen=True)
+class PushPage:
+    """A page to push (`push.py`): the encoded body, how many ops it holds, the last
+    one's seq, and whether it fits (`complete`: every artifact its ops name that we hold
+    is inline, and the body is within the receiver's cap)."""
+
+    body: bytes
+    count: int
+    last_seq: int
+    complete: bool
+
+
+def push_page(store: Any, origin: str, after: int, limit: int, max_bytes: int,
+              sender: str) -> PushPage:
+    """Our page of `origin` above `after` as `/sync/ops` serves it with `chain` and
+    inline artifacts (one rule for both directions), plus `after` and `from`, encoded."""
+    cap = min(limit, LARGE_PAGE_CEILING)
+    events = budget_page(store, origin, after, cap, LARGE_PAGE_CEILING, max_bytes)
+    chain = _page_chain(store, origin, after, events)  # may cut the page at a signed op
+    artifacts = page_artifacts(store, events, max_bytes)
+    named = {a for event in events for a in event.get("artifact_ids") or []}
+    held = len(store.get_artifacts(named)) if named else 0
+    body = json_bytes({"origin": origin, "after": after, "from": sender, "events": events,
+                       "count": len(events), "artifacts": artifacts, "chain": chain})
+    return PushPage(body, len(events), events[-1]["origin_seq"] if events else after,
+                    len(artifacts) == held and len(body) <= max_bytes)

@@ -38,6 +38,12 @@ ADVERTISED_TIPS = "tips"
 ADVERTISED_KEYS = "keys"
 DIGESTS_PATH = "/sync/digests"
 MAX_DIGESTS_PER_REQUEST = 64
+# Two-way reconcile (`logsync/push.py`, `logsync/pushed.py`): a replica advertising
+# `push` accepts `POST /sync/push`, a `/sync/ops` page with `chain` and every artifact
+# it names inline, from an authenticated peer, applied as a pulled page would be.
+EXT_PUSH = "push"
+PUSH_PATH = "/sync/push"
+ADVERTISED_MAX_PUSH_BYTES = "max_push_bytes"
 ADVERTISED_MAX_PAGE = "max_page"
 ADVERTISED_MAX_PAGE_BYTES = "max_page_bytes"
 # `/sync/ops?...&ext=a,b` asks for extensions; `inline_artifacts` adds
@@ -48,13 +54,15 @@ EXTENSIONS_PARAM = "ext"
 
 @dataclass(frozen=True)
 class Request:
-    """One GET to the peer. `accept_msgpack` maps to `Accept: application/msgpack`;
-    `missing_ok` means a 404 is an answer (None), not an error."""
+    """One GET to the peer (a POST of `body`, an object sent as JSON, when it has one).
+    `accept_msgpack` maps to `Accept: application/msgpack`; `missing_ok` means a 404 is
+    an answer (None), not an error."""
 
     path: str
     params: dict[str, Any] = field(default_factory=dict)
     accept_msgpack: bool = False
     missing_ok: bool = False
+    body: Any = None
 
 
 @dataclass(frozen=True)
@@ -79,12 +87,15 @@ class Extensions:
     # asked then means "the rest in the next page", not "nothing more".
     page_budget: bool = False
     chain: bool = False
+    push: bool = False  # the peer takes `POST /sync/push` (never used by a pull)
+    max_push_bytes: int = 0
 
     def names(self) -> list[str]:
         used = [EXT_MSGPACK] if self.msgpack else []
         used += [EXT_INLINE_ARTIFACTS] if self.inline_artifacts else []
         used += [EXT_LARGE_PAGES] if self.max_page_limit > UPSTREAM_PAGE_LIMIT else []
         used += [EXT_CHAIN] if self.chain else []
+        used += [EXT_PUSH] if self.push else []
         return used
 
 
@@ -97,12 +108,16 @@ def parse_extensions(answer: Mapping[str, Any]) -> Extensions:
     limit = advert.get(ADVERTISED_MAX_PAGE)
     large = EXT_LARGE_PAGES in names and _is_count(limit) and limit > UPSTREAM_PAGE_LIMIT
     budget = advert.get(ADVERTISED_MAX_PAGE_BYTES)
+    push_bytes = advert.get(ADVERTISED_MAX_PUSH_BYTES)
+    push = EXT_PUSH in names and EXT_CHAIN in names and _is_count(push_bytes) and push_bytes > 0
     return Extensions(
         msgpack=EXT_MSGPACK in names,
         inline_artifacts=EXT_INLINE_ARTIFACTS in names,
         max_page_limit=min(limit, LARGE_PAGE_CEILING) if large else UPSTREAM_PAGE_LIMIT,
         page_budget=large and _is_count(budget) and budget > 0,
         chain=EXT_CHAIN in names,
+        push=push,
+        max_push_bytes=push_bytes if push else 0,
     )
 
 

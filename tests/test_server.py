@@ -279,14 +279,28 @@ async def test_version_vector_shape_and_advertisement(store: Store) -> None:
     assert body["profiles"] == {store.replica_id: body["profile"]}
     assert body["logsync"] == {
         "version": __version__,
-        "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify", "chain"],
+        "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify", "chain", "push"],
         "max_page": 2000,
         "max_page_bytes": 8 * 1024 * 1024,
+        "max_push_bytes": 32 * 1024 * 1024,
         "tips": {store.replica_id: [3, store.chain_digest(store.replica_id, 3).hex()]},
         "keys": {store.replica_id: store.public_key.hex()},
     }
     ext = parse_extensions(body)
     assert (ext.msgpack, ext.inline_artifacts, ext.max_page_limit) == (True, True, 2000)
+    assert (ext.push, ext.max_push_bytes) == (True, 32 * 1024 * 1024)
+
+
+@pytest.mark.anyio
+async def test_push_is_advertised_only_with_a_token(store: Store) -> None:
+    async with client(create_app(store)) as c:
+        body = (await c.get("/sync/version_vector")).json()
+        refused = await c.post("/sync/push", content=b"{}")
+    assert "push" not in body["logsync"]["extensions"]
+    assert "max_push_bytes" not in body["logsync"]
+    assert not parse_extensions(body).push
+    assert refused.status_code == 403
+    assert "only from authenticated peers" in refused.json()["error"]
 
 
 @pytest.mark.anyio

@@ -18,12 +18,13 @@ from prometheus_client.core import GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
-from logsync.responder import DEFAULT_MAX_PAGE_BYTES, Profile, json_bytes
+from logsync.pushed import MAX_PUSH_BYTES
+from logsync.responder import DEFAULT_MAX_PAGE_BYTES, EXTENSIONS, Profile, json_bytes
 from logsync.server.stream import (
     ChangeNotifier,
     _LatestProbe,
 )
-from logsync.wire import UPSTREAM_PAGE_LIMIT
+from logsync.wire import EXT_PUSH, PUSH_PATH, UPSTREAM_PAGE_LIMIT
 
 logger = logging.getLogger("logsync.server")
 
@@ -36,8 +37,8 @@ ORIGIN_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 STORE_RETRY_AFTER_S = 5
 GUARDED_PREFIXES = ("/sync/", "/logstream/")
 # Routes that read their own request body under their own cap (`read_body`); the guard
-# neither caps nor drains it for them.
-OWN_BODY_ROUTES: set[str] = set()
+# neither caps nor drains it for them (`/login`: the status page's form).
+OWN_BODY_ROUTES: set[str] = {PUSH_PATH, "/login"}
 PEER_KEYS = (
     "name",
     "url",
@@ -59,8 +60,14 @@ ROUTES = (
     "/sync/ops",
     "/sync/artifact",
     "/sync/digests",
+    "/sync/push",
     "/sync/peers",
     "/logstream/stream",
+    "/",
+    "/login",
+    "/logout",
+    "/conflicts.json",
+    "/quarantine.json",
 )
 
 PeerStateProvider = Callable[[], list[dict[str, Any]]]
@@ -166,9 +173,12 @@ class _Server:
                  settings: Settings, notifier: ChangeNotifier | None) -> None:
         self.cfg = settings
         self.profile = Profile(
+            # pushes are taken only from authenticated peers: a server with a token
+            extensions=EXTENSIONS + ((EXT_PUSH,) if settings.token else ()),
             max_page=settings.max_page,
             max_page_bytes=settings.max_page_bytes,
             inline_artifact_bytes=settings.inline_artifact_bytes,
+            max_push_bytes=MAX_PUSH_BYTES,
         )
         self._store_lock = threading.Lock()
         if (store is None) == (factory is None):

@@ -25,10 +25,11 @@ from logsync.server.common import (
     _json,
     _Server,
 )
+from logsync.server.pushroute import sync_push
 from logsync.server.stream import (
     logstream_stream,
 )
-from logsync.wire import EXTENSIONS_PARAM
+from logsync.wire import EXTENSIONS_PARAM, PUSH_PATH
 
 logger = logging.getLogger("logsync.server")
 
@@ -54,6 +55,11 @@ async def statusz(request: Request) -> Response:
     except StoreError as exc:
         problem = problem or str(exc)
         replica_id, vector, counts = None, None, None
+    try:
+        peers = await _peer_states(srv)
+    except StoreError as exc:
+        problem = problem or str(exc)
+        peers = []
     return _json(
         200,
         {
@@ -79,6 +85,7 @@ async def statusz(request: Request) -> Response:
                 "max_per_client": srv.cfg.sse_max_per_client,
             },
             "extensions": list(srv.profile.extensions),
+            "peers": peers,
         },
     )
 
@@ -219,9 +226,10 @@ _ENDPOINTS = {
     "/sync/ops": sync_answer,
     "/sync/artifact": sync_answer,
     "/sync/digests": sync_answer,
+    PUSH_PATH: sync_push,
     "/sync/peers": sync_peers,
     "/logstream/stream": logstream_stream,
 }
 
 # Endpoints that take more than GET (everything else is GET only).
-_METHODS: dict[str, tuple[str, ...]] = {}
+_METHODS: dict[str, tuple[str, ...]] = {PUSH_PATH: ("POST",)}

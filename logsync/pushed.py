@@ -1,0 +1,116 @@
+"""Taking a pushed page (`POST /sync/push`): the receiving side of two-way reconcile.
+
+A pushed page is a `/sync/ops` answer the pusher's own responder made (`push.py`), with
+`chain` and the artifacts its ops name inline. It is taken through the pull path itself:
+`engine.pull_origin` runs over it as over a first page already fetched, with the page's
+own `after` as where the origin stands, so the same wire checks (`wire.parse_page`), the
+same artifact rule (a named artifact neither inline nor held is absent: the store
+quarantines its op), the same `ApplyPage` effect (`Store.apply_chained`: `prev` must be
+our chain at `after`, signatures verified, quarantine, conflicts, forks, own-origin
+recovery) and the same limits apply. Nothing here decides what a pulled page would not.
+
+What a push cannot do is ask back: a request the round would make of the pusher (an
+artifact, a divergence search) is answered "absent". A page whose `prev` differs from
+our chain is not applied and is answered `diverged`; the pusher's own pull of this
+replica finds and records the divergence.
+
+The answer is always an object: `{"origin", "after", "top" (our contiguous top of the
+origin after the apply), "applied", "duplicates", "conflicts", "quarantined",
+"artifacts", "stopped" (why the origin went no further, or null), "diverged"}`.
+A page starting above our top (`gap`) applies nothing and says where to start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from typing import Any
+
+from logsync.divergence import MAX_SEARCHES_PER_ROUND
+from logsync.effects import STORE_EFFECTS, StoreLike, perform
+from logsync.engine import pull_origin
+from logsync.errors import PeerError, ValidationError, shorten
+from logsync.ids import is_replica_id
+from logsync.model import MAX_SEQ
+from logsync.report import STOP_CAUGHT_UP, STOP_DIVERGED, OriginProgress, RoundReport
+from logsync.wire import LARGE_PAGE_CEILING, Batch, Extensions, Request
+
+# What one pushed request may carry: as many ops as a large page, and this many bytes
+# (the body's cap, checked before it is read; the pusher cuts its pages to fit).
+MAX_PUSH_OPS = LARGE_PAGE_CEILING
+MAX_PUSH_BYTES = 32 * 1024 * 1024
+
+
+def accept_push(store: StoreLike, body: object, pusher: str) -> dict[str, Any]:
+    """Apply one pushed page (blocking: SQLite); the answer above. A malformed page is a
+    `ValidationError` naming the value and the rule (400), and nothing of it is stored."""
+    if not isinstance(body, dict):
+        raise ValidationError(f"a pushed page must be a JSON object, not {shorten(body)}")
+    origin, after = body.get("origin"), body.get("after")
+    if not isinstance(origin, str) or not is_replica_id(origin):
+        raise ValidationError(f"origin={shorten(origin)} of a pushed page must be a replica id")
+    if type(after) is not int or not 0 <= after <= MAX_SEQ:
+        raise ValidationError(f"after={shorten(after)} of a pushed page must be an integer "
+                              f"from 0 to {MAX_SEQ}")
+    if not isinstance(body.get("chain"), dict):
+        raise ValidationError("a pushed page must carry 'chain' ({'prev': <64 hex>}): pushes "
+                              "are taken only against our own chain at 'after'")
+    top = int(store.version_vector().get(origin, 0))
+    answer: dict[str, Any] = {"origin": origin, "after": after, "top": top, "applied": 0,
+                              "duplicates": 0, "conflicts": 0, "quarantined": 0,
+                              "artifacts": 0, "stopped": None, "diverged": False}
+    if after > top:
+        answer["stopped"] = f"gap: this replica holds origin {origin} up to {top}"
+        return answer
+    events = body.get("events")
+    last = events[-1].get("origin_seq") if isinstance(events, list) and events and \
+        isinstance(events[-1], dict) else None
+    target = last if type(last) is int and last > after else after
+    report = RoundReport(peer=pusher)
+    report.searches = MAX_SEARCHES_PER_ROUND  # a push cannot search the pusher's chain
+    progress = OriginProgress(origin=origin, start=after, target=target, reached=after)
+    report.origins[origin] = progress
+    ext = Extensions(inline_artifacts=True, max_page_limit=MAX_PUSH_OPS, chain=True)
+    try:
+        _drive(store, pull_origin(pusher, progress, ext, MAX_PUSH_OPS, False, report,
+                                  first=body))
+    except PeerError as exc:  # the engine raises only what ends a round; a push has one page
+        raise ValidationError(str(exc)) from None
+    if progress.failed:
+        raise ValidationError(progress.stop_reason.removeprefix("failed: "))
+    answer.update(applied=progress.applied, duplicates=progress.duplicates,
+                  conflicts=progress.conflicts, quarantined=progress.quarantined,
+                  artifacts=progress.artifacts,
+                  top=int(store.version_vector().get(origin, 0)),
+                  diverged=progress.stop_reason == STOP_DIVERGED)
+    if progress.stop_reason not in ("", STOP_CAUGHT_UP):
+        answer["stopped"] = progress.stop_reason
+    return answer
+
+
+def _drive(store: StoreLike, gen: Generator[Any, Any, Any]) -> None:
+    """Run the origin's pull over the pushed page: store effects performed here, every
+    request to the pusher answered 'absent' (a 404, as a pull reads a missing artifact)."""
+    value = gen.send(None)
+    while True:
+        try:
+            if isinstance(value, STORE_EFFECTS):
+                answer: Any = perform(store, value)
+            elif isinstance(value, Batch):
+                answer = [None] * len(value.requests)
+            elif isinstance(value, Request):
+                answer = None
+            else:
+                raise TypeError(f"a pull step that is not an effect or a request: {value!r}")
+        except ValidationError as exc:  # a store refusal goes back in, as the client does
+            value = gen.throw(exc)
+            continue
+        try:
+            value = gen.send(answer)
+        except StopIteration:
+            return
+
+
+def push_answer_summary(answer: Mapping[str, Any]) -> str:
+    """One line for logs: what a pushed page did."""
+    return (f"origin {answer.get('origin')} after {answer.get('after')}: +{answer.get('applied')}"
+            f" applied, {answer.get('quarantined')} quarantined, top {answer.get('top')}")
