@@ -62,6 +62,7 @@ from logsync.fetchpolicy import (
     request_key,
 )
 from logsync.peers import redact_url
+from logsync.push import PushReport, push_round
 from logsync.wire import Batch, Extensions, Request, Step
 
 __all__ = ["MAX_RESPONSE_BYTES", "PeerClient", "PeerDeadlineError", "sync_once", "tls_context"]
@@ -196,6 +197,20 @@ class PeerClient:
         async with self._round_deadline():
             return await self._targeted(store, targets, ext, origins_in_flight, report)
 
+    async def run_push(self, store: StoreLike, *, report: PushReport | None = None
+                       ) -> PushReport:
+        """One push round (`push.push_round`): what the peer's vector lacks of ours, POSTed
+        page by page. Raises a PeerError when the round fails (pages the peer took stay
+        taken; `report` shows how far it got); bounded by `round_deadline` too."""
+        report = report if report is not None else PushReport(peer=self.name)
+        scratch = RoundReport(peer=self.name)  # the driver's byte and page counters
+        gen = push_round(store.replica_id, self.name, report=report)
+        async with self._round_deadline():
+            try:
+                return await self._drive(gen, store, scratch, None)
+            finally:
+                gen.close()
+
     @contextlib.asynccontextmanager
     async def _round_deadline(self) -> AsyncIterator[None]:
         """A total deadline per round (invariant 10), for the daemon and `sync` alike."""
@@ -239,7 +254,7 @@ class PeerClient:
 
     async def _drive(
         self, gen: Generator[Any, Any, Any], store: StoreLike, report: RoundReport,
-        prefetcher: _Prefetcher,
+        prefetcher: _Prefetcher | None,
     ) -> Any:
         """Advance the round on the event loop; its store effects run in a worker thread
         (SQLite blocks), its requests here. What either raises is thrown back in."""

@@ -26,6 +26,9 @@ class Peer:
     url: str
     name: str | None = None
     token: str | None = None
+    # Push to this peer after our pulls and local appends (`logsync/push.py`): for a peer
+    # that cannot reach us (we are behind NAT) but takes pushes.
+    push: bool = False
 
     @property
     def key(self) -> str:
@@ -39,6 +42,8 @@ class Peer:
         out["url"] = self.url
         if self.token:
             out["token"] = self.token
+        if self.push:
+            out["push"] = True
         return out
 
 
@@ -162,7 +167,10 @@ def _peer_from(entry: object, path: Path, index: int) -> Peer:
         raise ConfigError(f"{path}: peers[{index}].token must be a string")
     if isinstance(token, str) and token and not token.strip():
         raise ConfigError(f"{path}: peers[{index}].token is whitespace only")
-    return Peer(url=url, name=name, token=token or None)
+    push = entry.get("push", False)
+    if not isinstance(push, bool):
+        raise ConfigError(f"{path}: peers[{index}].push={push!r} must be true or false")
+    return Peer(url=url, name=name, token=token or None, push=push)
 
 
 def save_peers(palace: Path, peers: list[Peer]) -> Path:
@@ -173,10 +181,10 @@ def save_peers(palace: Path, peers: list[Peer]) -> Path:
     return path
 
 
-def add_peer(palace: Path, name: str, url: str, token: str | None) -> Peer:
+def add_peer(palace: Path, name: str, url: str, token: str | None, push: bool = False) -> Peer:
     """Add or replace the peer called `name`."""
     peer = Peer(url=check_url(url), name=check_name(name),
-                token=check_token(token, "--token"))
+                token=check_token(token, "--token"), push=push)
     peers = [p for p in load_peers(palace) if p.key != peer.name and p.url != peer.url]
     save_peers(palace, [*peers, peer])
     return peer

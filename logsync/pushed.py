@@ -7,7 +7,10 @@ own `after` as where the origin stands, so the same wire checks (`wire.parse_pag
 same artifact rule (a named artifact neither inline nor held is absent: the store
 quarantines its op), the same `ApplyPage` effect (`Store.apply_chained`: `prev` must be
 our chain at `after`, signatures verified, quarantine, conflicts, forks, own-origin
-recovery) and the same limits apply. Nothing here decides what a pulled page would not.
+recovery) and the same limits apply; the origin's key the page publishes is pinned as a
+vector answer's would be (`Store.pin_keys`, under the pusher's claimed id, which a pull
+trusts no more).
+Nothing here decides what a pulled page would not.
 
 What a push cannot do is ask back: a request the round would make of the pusher (an
 artifact, a divergence search) is answered "absent". A page whose `prev` differs from
@@ -26,13 +29,13 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 from logsync.divergence import MAX_SEARCHES_PER_ROUND
-from logsync.effects import STORE_EFFECTS, StoreLike, perform
+from logsync.effects import STORE_EFFECTS, PinKeys, StoreLike, perform
 from logsync.engine import pull_origin
 from logsync.errors import PeerError, ValidationError, shorten
 from logsync.ids import is_replica_id
 from logsync.model import MAX_SEQ
 from logsync.report import STOP_CAUGHT_UP, STOP_DIVERGED, OriginProgress, RoundReport
-from logsync.wire import LARGE_PAGE_CEILING, Batch, Extensions, Request
+from logsync.wire import LARGE_PAGE_CEILING, Batch, Extensions, Request, parse_keys
 
 # What one pushed request may carry: as many ops as a large page, and this many bytes
 # (the body's cap, checked before it is read; the pusher cuts its pages to fit).
@@ -61,6 +64,10 @@ def accept_push(store: StoreLike, body: object, pusher: str) -> dict[str, Any]:
     if after > top:
         answer["stopped"] = f"gap: this replica holds origin {origin} up to {top}"
         return answer
+    sender = body.get("from")
+    keys = parse_keys(body)  # the origin's key, published as a vector answer does
+    if origin in keys and isinstance(sender, str) and is_replica_id(sender):
+        perform(store, PinKeys({origin: keys[origin]}, sender))
     events = body.get("events")
     last = events[-1].get("origin_seq") if isinstance(events, list) and events and \
         isinstance(events[-1], dict) else None
@@ -89,25 +96,26 @@ def accept_push(store: StoreLike, body: object, pusher: str) -> dict[str, Any]:
 
 def _drive(store: StoreLike, gen: Generator[Any, Any, Any]) -> None:
     """Run the origin's pull over the pushed page: store effects performed here, every
-    request to the pusher answered 'absent' (a 404, as a pull reads a missing artifact)."""
-    value = gen.send(None)
+    request to the pusher answered 'absent' (a 404, as a pull reads a missing artifact);
+    a store's refusal is thrown back in, as the client's driver does."""
+    throw, value = False, None
     while True:
         try:
-            if isinstance(value, STORE_EFFECTS):
-                answer: Any = perform(store, value)
-            elif isinstance(value, Batch):
-                answer = [None] * len(value.requests)
-            elif isinstance(value, Request):
-                answer = None
-            else:
-                raise TypeError(f"a pull step that is not an effect or a request: {value!r}")
-        except ValidationError as exc:  # a store refusal goes back in, as the client does
-            value = gen.throw(exc)
-            continue
-        try:
-            value = gen.send(answer)
+            step = gen.throw(value) if throw else gen.send(value)
         except StopIteration:
             return
+        throw = False
+        if isinstance(step, STORE_EFFECTS):
+            try:
+                value = perform(store, step)
+            except ValidationError as exc:
+                throw, value = True, exc
+        elif isinstance(step, Batch):
+            value = [None] * len(step.requests)
+        elif isinstance(step, Request):
+            value = None
+        else:
+            raise TypeError(f"a pull step that is not an effect or a request: {step!r}")
 
 
 def push_answer_summary(answer: Mapping[str, Any]) -> str:

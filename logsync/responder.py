@@ -321,7 +321,11 @@ def push_page(store: Any, origin: str, after: int, limit: int, max_bytes: int,
     artifacts = page_artifacts(store, events, max_bytes)
     named = {a for event in events for a in event.get("artifact_ids") or []}
     held = len(store.get_artifacts(named)) if named else 0
-    body = json_bytes({"origin": origin, "after": after, "from": sender, "events": events,
-                       "count": len(events), "artifacts": artifacts, "chain": chain})
+    key = store.public_keys().get(origin) if events else None
+    page: dict[str, Any] = {"origin": origin, "after": after, "from": sender, "events": events,
+                            "count": len(events), "artifacts": artifacts, "chain": chain}
+    if key is not None:  # as the vector answer publishes it, so the receiver can verify
+        page[ADVERTISEMENT_KEY] = {ADVERTISED_KEYS: {origin: key.hex()}}
+    body = json_bytes(page)
     return PushPage(body, len(events), events[-1]["origin_seq"] if events else after,
                     len(artifacts) == held and len(body) <= max_bytes)
