@@ -24,6 +24,7 @@ from logsync.server.common import (
     _Server,
     is_loopback_host,
 )
+from logsync.server.peermetrics import PeerCollector
 from logsync.server.policy import (
     _allowed_host_values,
     _bad_input,
@@ -35,6 +36,7 @@ from logsync.server.routes import (
     _ENDPOINTS,
     _METHODS,
 )
+from logsync.server.statuspage import PAGE_ENDPOINTS, PAGE_METHODS
 from logsync.server.stream import (
     ChangeNotifier,
 )
@@ -121,6 +123,9 @@ def create_app(
         max_page_bytes=max_page_bytes,
     )
     server = _Server(store, store_factory, settings, notifier)
+    server.registry.register(PeerCollector(peer_state_provider))
+    endpoints = {**_ENDPOINTS, **PAGE_ENDPOINTS}
+    methods = {**_METHODS, **PAGE_METHODS}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -130,8 +135,8 @@ def create_app(
             await anyio.to_thread.run_sync(server.close)
 
     app = Starlette(
-        routes=[Route(path, endpoint, methods=list(_METHODS.get(path, ("GET",))))
-                for path, endpoint in _ENDPOINTS.items()],
+        routes=[Route(path, endpoint, methods=list(methods.get(path, ("GET",))))
+                for path, endpoint in endpoints.items()],
         middleware=[Middleware(_Guard, server=server)],
         exception_handlers={
             HTTPException: _http_exception,

@@ -1,9 +1,14 @@
 """Request policy before any route runs (Host, Origin, token, body size, store health)
 and the error answers: every refusal and failure is one JSON sentence.
+
+The credential is the bearer header or the status page's session cookie (what `POST
+/login` sets: an HMAC of a fixed label keyed with the token, so the cookie proves the token
+without holding it). A token in the URL query is never read: URLs land in logs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 from collections.abc import Iterable
@@ -13,7 +18,7 @@ from urllib.parse import urlparse
 import anyio
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import Request, cookie_parser
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -30,6 +35,15 @@ from logsync.server.common import (
 )
 
 logger = logging.getLogger("logsync.server")
+
+SESSION_COOKIE = "logsync_session"
+_SESSION_LABEL = b"logsync status page session v1"
+# No credential needed: the health probe, the page (it shows the login form instead of a
+# 401) and the login itself.
+AUTH_EXEMPT = frozenset({"/healthz", "/", "/login"})
+# The page's forms: a POST from the page itself carries the server's own Origin, which is
+# not loopback when the server is reached by another name (a non-loopback bind).
+FORM_ROUTES = frozenset({"/login", "/logout"})
 
 
 # ---------------------------------------------------------------- policy
@@ -97,10 +111,12 @@ class _Guard:
             logger.warning("request refused: Host %r not allowed", host)
             return _error(403, f"Host header {shorten(host)} is not a loopback name")
         origin = headers.get("origin")
-        if origin and not _origin_allowed(origin):
+        same_origin = path in FORM_ROUTES and _same_origin(origin, host, srv.cfg.scheme)
+        if origin and not _origin_allowed(origin) and not same_origin:
             logger.warning("request refused: cross-origin %r", origin)
             return _error(403, f"Origin {shorten(origin)} is not a loopback origin")
-        if path != "/healthz" and srv.cfg.token and not _token_ok(headers, srv.cfg.token):
+        if path not in AUTH_EXEMPT and srv.cfg.token and not credential_ok(headers,
+                                                                            srv.cfg.token):
             return _error(
                 401,
                 "missing or wrong bearer token (send Authorization: Bearer <token>)",
@@ -133,6 +149,26 @@ class _Guard:
                     return None
         return _error(408, f"the request body did not arrive within "
                            f"{self.srv.cfg.body_timeout_s:g} s")
+
+
+def session_value(token: str) -> str:
+    """The session cookie's value: a changed token voids every cookie, and a leaked cookie
+    does not give away the token (peers need the token itself)."""
+    return hmac.new(token.encode("utf-8"), _SESSION_LABEL, hashlib.sha256).hexdigest()
+
+
+def credential_ok(headers: Headers, token: str) -> bool:
+    """The bearer header or the session cookie, each compared in constant time."""
+    if _token_ok(headers, token):
+        return True
+    cookies = cookie_parser("; ".join(headers.getlist("cookie")))
+    given = cookies.get(SESSION_COOKIE, "").encode("utf-8", "replace")
+    return hmac.compare_digest(given, session_value(token).encode("ascii"))
+
+
+def _same_origin(origin: str | None, host: str, scheme: str) -> bool:
+    """Whether `origin` is this server as the request reached it (scheme and Host)."""
+    return bool(origin and host) and origin.strip().lower().rstrip("/") == f"{scheme}://{host}"
 
 
 def _token_ok(headers: Headers, token: str) -> bool:
