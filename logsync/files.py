@@ -4,7 +4,28 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import suppress
 from pathlib import Path
+
+
+def make_private_dir(path: Path) -> bool:
+    """Create directory `path` (and missing parents) mode 0700; True if it was made here.
+
+    An existing directory keeps its mode: it may be shared on purpose (a MemPalace hub's
+    palace), and changing it is not ours to do. Raises OSError.
+    """
+    if path.is_dir():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        if not path.is_dir():
+            raise  # a file is in the way
+        return False  # a concurrent creator won; its mode stands
+    with suppress(OSError):  # mkdir's mode is masked by the umask; some filesystems refuse
+        os.chmod(path, 0o700)
+    return True
 
 
 def write_atomic(path: Path, text: str, *, mode: int = 0o600) -> None:

@@ -37,12 +37,13 @@ def palace(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def run(palace: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
-    """Invoke the CLI in-process against `palace` (via --palace)."""
+    """Invoke the CLI in-process against `palace` (via --palace), which any command may
+    create (--create: a missing palace is otherwise an error, tests/test_cli_hygiene.py)."""
     runner = CliRunner()
 
     def invoke(*args: str, input: bytes | str | None = None,
                env: dict[str, str] | None = None) -> Result:
-        full = ["--palace", str(palace), *args] if env is None else list(args)
+        full = ["--create", *(["--palace", str(palace)] if env is None else []), *args]
         result = runner.invoke(cli, full, input=input, env=env, catch_exceptions=True)
         assert "Traceback" not in result.output
         assert result.exception is None or isinstance(result.exception, SystemExit), (
@@ -55,10 +56,10 @@ def run(palace: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def sh(palace: Path, *args: str, stdin: bytes = b"", use_env: bool = False,
        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Run `python -m logsync` for real; bytes in, bytes out."""
+    """Run `python -m logsync` for real (--create, as `run`); bytes in, bytes out."""
     env = {**os.environ, "HOME": str(palace.parent / "home"), **(extra_env or {})}
     env.pop("LOGSYNC_PALACE", None)
-    argv = [sys.executable, "-m", "logsync"]
+    argv = [sys.executable, "-m", "logsync", "--create"]
     if use_env:
         env["LOGSYNC_PALACE"] = str(palace)
     else:

@@ -47,7 +47,7 @@ def test_peers_add_refuses_bad_urls_in_one_line(tmp_path: Path, url: str) -> Non
 
 def test_a_peers_file_with_a_bad_port_names_the_peer(tmp_path: Path) -> None:
     palace = tmp_path / "p"
-    palace.mkdir()
+    assert run(palace, "init").returncode == 0  # `status` reads the store first
     (palace / "peers.json").write_text(json.dumps(
         {"peers": [{"name": "ok", "url": "http://127.0.0.1:8742"},
                    {"name": "y", "url": "http://127.0.0.1:99999"}]}))
@@ -117,6 +117,7 @@ def test_redact_url_drops_userinfo_and_masks_secret_query_values() -> None:
 def test_peer_credentials_never_reach_peers_list_or_status(tmp_path: Path) -> None:
     palace = tmp_path / "p"
     url = "http://alice:hunter2@127.0.0.1:9/"
+    assert run(palace, "init").returncode == 0  # `status` reads the store first
     assert run(palace, "peers", "add", "y", url).returncode == 0
     (palace / "peers.json").write_text(json.dumps(
         {"peers": [{"name": "y", "url": url}, {"url": "http://bob:pw@127.0.0.1:8/"}]}))

@@ -121,7 +121,7 @@ def test_an_empty_store_verifies_and_a_missing_one_is_not_created(tmp_path: Path
     })
     absent = tmp_path / "absent"
     result = verify(absent)
-    assert result.exit_code == 1 and result.stderr.startswith("Error: there is no store")
+    assert result.exit_code == 1 and result.stderr.startswith(f"Error: no palace at {absent}")
     assert not absent.exists()
 
 

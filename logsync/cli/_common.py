@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,7 +15,7 @@ import click
 import platformdirs
 
 from logsync.errors import LogsyncError, ValidationError, shorten
-from logsync.store import Store
+from logsync.store import DB_FILENAME, Store
 from logsync.store.faults import StoreNeedsWrite
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -32,20 +32,72 @@ def palace_of(ctx: click.Context) -> Path:
     return Path(obj.get("palace") or default_palace()).expanduser()
 
 
+class NoPalaceError(LogsyncError):
+    """A command that needs a palace was pointed at a directory that holds none."""
+
+
+CREATE_HELP = ("Create the palace if it does not exist, or set up a store logsync has not "
+               "opened yet (without it, either is an error).")
+_CREATE_KEY = "logsync.create"
+
+
+def remember_create(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.meta[_CREATE_KEY] = True  # meta is shared by every context of one invocation
+
+
+def create_option(fn: F) -> F:
+    """`--create` on a command that opens the store: may make a missing palace."""
+    return click.option("--create", is_flag=True, expose_value=False,
+                        callback=remember_create, help=CREATE_HELP)(fn)
+
+
+def may_create(ctx: click.Context) -> bool:
+    """--create was given, on the command or before it (`logsync --create CMD`)."""
+    return bool(ctx.meta.get(_CREATE_KEY))
+
+
+def has_palace(palace: Path) -> bool:
+    """A palace is a directory holding the store file; anything else is not one (yet)."""
+    return (palace / DB_FILENAME).is_file()
+
+
+def no_palace(ctx: click.Context, palace: Path) -> NoPalaceError:
+    """The one sentence for a missing palace, naming the --create that this command takes."""
+    if any(p.name == "create" for p in ctx.command.params):
+        hint = "pass --create"
+    else:  # a command without its own --create: the group's one comes before its name
+        rest = " ".join(ctx.command_path.split(" ")[1:])
+        hint = f"pass --create before the command ('logsync --create {rest}')"
+    return NoPalaceError(f"no palace at {palace}: run 'logsync init {palace}' or {hint}")
+
+
 @contextmanager
-def open_store(ctx: click.Context, *, read_only: bool = False) -> Iterator[Store]:
+def open_store(ctx: click.Context, *, read_only: bool = False, must_exist: bool | None = None,
+               palace: Path | None = None) -> Iterator[Store]:
     """The palace's store; read commands pass ``read_only=True``.
 
-    A read-only open runs no migration and writes nothing, so a store the user may only
-    read (or one made immutable) can still be listed. When there is nothing to read yet
-    (no store, no replica id) or the schema must first migrate, it opens writable as
-    before: a read command on a new palace creates it, as upstream's does.
+    ``must_exist`` (default: ``read_only``): a missing palace is an error (`no_palace`)
+    unless --create was given, so a typo in --palace cannot mint a second replica. Read
+    commands and the local write commands set it; `init` creates, and `sync` leaves it
+    off so a new replica can bootstrap from a peer (as upstream's `logstream sync` does).
+    A read-only open writes nothing at all (no directory, chmod, migration or replica id):
+    a store that needs one of those first (an older schema, a palace logsync never opened)
+    is an error naming `logsync init`, unless --create allows the writable open that sets
+    it up. Store.open makes a new directory 0700 and never changes an existing one's mode.
     """
-    palace = palace_of(ctx)
+    create = may_create(ctx)
+    palace = palace_of(ctx) if palace is None else palace
+    must_exist = read_only if must_exist is None else must_exist
+    if must_exist and not create and not has_palace(palace):
+        raise no_palace(ctx, palace)
     store: Store | None = None
     if read_only:
-        with suppress(StoreNeedsWrite):
+        try:
             store = Store.open(palace, read_only=True)
+        except StoreNeedsWrite:
+            if not create:
+                raise
     if store is None:
         store = Store.open(palace)
     try:

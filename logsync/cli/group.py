@@ -9,6 +9,7 @@ import sys
 import click
 
 from logsync import __version__
+from logsync.cli._common import remember_create
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,10 +19,18 @@ from logsync import __version__
     type=click.Path(file_okay=False),
     help="Palace directory (env LOGSYNC_PALACE; default: a per-user data directory).",
 )
-@click.version_option(__version__, prog_name="logsync")
+@click.option("--create", is_flag=True, expose_value=False, callback=remember_create,
+              help="Let any command create a missing palace (as its own --create does).")
+@click.version_option(__version__, prog_name="logsync", help="Show the version and exit.")
 @click.pass_context
 def cli(ctx: click.Context, palace: str | None) -> None:
-    """Multi-master replication for MemPalace logstream coordination logs."""
+    """Multi-master replication for MemPalace logstream coordination logs.
+
+    Example:
+
+    \b
+      logsync init ~/palace && logsync --palace ~/palace serve
+    """
     ctx.obj = {"palace": palace}
 
 

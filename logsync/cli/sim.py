@@ -16,6 +16,7 @@ import click
 from logsync import views
 from logsync.cli._common import (
     EXIT_ERROR,
+    create_option,
     emit_json,
     event_line,
     fail,
@@ -57,7 +58,13 @@ def parse_seeds(raw: str) -> range:
 @handles_errors
 def simulate(scenario_file: str, seed: int | None, seeds: str | None, variant: str | None,
              plot_file: str | None, trace_file: str | None, as_json: bool) -> None:
-    """Run a scenario over a virtual network with the real engine and store."""
+    """Run a scenario over a virtual network with the real engine and store.
+
+    Example:
+
+    \b
+      logsync simulate simulations/partition-and-heal.toml --seed 1 --plot partition.png
+    """
     from logsync.sim import load_scenario, run_scenario, summarise
     from logsync.sim.report import summary_text
 
@@ -109,11 +116,18 @@ def _run_one(scenario: Any, trace_file: str | None, run: Any) -> Any:
 
 @cli.command()
 @click.option("--agent", required=True, help="The agent, e.g. pi@laptop.")
+@create_option
 @json_option
 @click.pass_context
 @handles_errors
 def owed(ctx: click.Context, agent: str, as_json: bool) -> None:
-    """Asks this agent still owes a reply to (RFC 003 §3.3, ordered by HLC)."""
+    """Asks this agent still owes a reply to (RFC 003 §3.3, ordered by HLC).
+
+    Example:
+
+    \b
+      logsync owed --agent codex@desk
+    """
     if not agent.strip():
         fail("--agent must name an agent, e.g. pi@laptop", as_json)
     with open_store(ctx, read_only=True) as store:
@@ -131,11 +145,18 @@ def owed(ctx: click.Context, agent: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("correlation_id")
+@create_option
 @json_option
 @click.pass_context
 @handles_errors
 def claims(ctx: click.Context, correlation_id: str, as_json: bool) -> None:
-    """Claims on a correlation id and the winner: the earliest claim by HLC (R3)."""
+    """Claims on a correlation id and the winner: the earliest claim by HLC (R3).
+
+    Example:
+
+    \b
+      logsync claims task-42 --json
+    """
     with open_store(ctx, read_only=True) as store:
         result = views.claims(store.iter_events(), correlation_id)
     if as_json:
@@ -152,11 +173,18 @@ def claims(ctx: click.Context, correlation_id: str, as_json: bool) -> None:
 
 
 @cli.command()
+@create_option
 @json_option
 @click.pass_context
 @handles_errors
 def presence(ctx: click.Context, as_json: bool) -> None:
-    """Every agent and the newest event it wrote, by HLC (R5)."""
+    """Every agent and the newest event it wrote, by HLC (R5).
+
+    Example:
+
+    \b
+      logsync presence
+    """
     with open_store(ctx, read_only=True) as store:
         seen = views.presence(store.iter_events())
     if as_json:

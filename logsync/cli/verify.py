@@ -1,14 +1,25 @@
 """`logsync verify`: re-check the whole store (issue 10, item 5) and say what does not hold.
 
 The store is opened read-only and never falls back to a writable open: a writable open
-repairs an incomplete chain and would hide the very defects this command reports.
+repairs an incomplete chain and would hide the very defects this command reports. Only a
+missing palace may be created first, with --create (an empty palace verifies).
 """
 
 from __future__ import annotations
 
 import click
 
-from logsync.cli._common import emit_json, handles_errors, json_option, palace_of
+from logsync.cli._common import (
+    create_option,
+    emit_json,
+    handles_errors,
+    has_palace,
+    json_option,
+    may_create,
+    no_palace,
+    open_store,
+    palace_of,
+)
 from logsync.cli.group import cli
 from logsync.errors import ValidationError, shorten
 from logsync.ids import is_replica_id
@@ -22,6 +33,7 @@ EXIT_UNVERIFIED = 3  # the store was read, and something in it does not verify
 @click.option("--origin", default=None,
               help="Check only this origin's chain and signatures (a replica id); "
                    "artifacts are always all checked.")
+@create_option
 @json_option
 @click.pass_context
 @handles_errors
@@ -32,13 +44,24 @@ def verify(ctx: click.Context, as_json: bool, origin: str | None) -> None:
 
     Exit status: 0 everything verifies, 3 something does not (named in the output),
     1 error (the store cannot be read, or a bad --origin).
+
+    Example:
+
+    \b
+      logsync --palace ~/palace verify --json
     """
     if origin is not None and not is_replica_id(origin):
         raise ValidationError(
             f"--origin {shorten(origin)} is not a replica id: it must be rep_ followed by "
             "12 or 32 lowercase hex digits"
         )
-    with Store.open(palace_of(ctx), read_only=True) as store:
+    palace = palace_of(ctx)
+    if not has_palace(palace):
+        if not may_create(ctx):
+            raise no_palace(ctx, palace)
+        with open_store(ctx):
+            pass  # made here, so there is nothing a writable open could have repaired
+    with Store.open(palace, read_only=True) as store:
         report = store.audit(origin)
     if as_json:
         emit_json(report.to_json())

@@ -40,6 +40,7 @@ from logsync.errors import (
     StoreError,
     ValidationError,
 )
+from logsync.files import make_private_dir
 from logsync.keyfile import KEY_FILENAME, load_or_mint_signing_key, read_signing_key
 from logsync.keys import public_key_of, sign_digest
 from logsync.replica import get_replica_id, read_replica_id
@@ -54,7 +55,10 @@ from logsync.store.faults import (
     describe_fault,
 )
 from logsync.store.keyring import known_key, record_own_key
+from logsync.store.ledgers import check_origin, review_conflicts
 from logsync.store.reads import Reads
+from logsync.store.reidentify import Reidentified, reidentify_store
+from logsync.store.retry import RetryReport, retry_quarantine
 from logsync.store.schema import (
     HEALTH_UPSERT,
     migrate,
@@ -116,7 +120,7 @@ class Store(LocalWrites, Reads, ChainViews):
                 if problem is not None:
                     raise StoreNeedsWrite(
                         f"{self.db_path} {problem}, which a read-only open cannot do: "
-                        "open it once with write access (e.g. `logsync info` as its owner)"
+                        f"set it up once with write access (`logsync init {palace}` as its owner)"
                     )
             else:
                 self._migrate()
@@ -161,7 +165,7 @@ class Store(LocalWrites, Reads, ChainViews):
             if not (palace_path / DB_FILENAME).is_file():
                 raise StoreNeedsWrite(
                     f"there is no store at {palace_path / DB_FILENAME}: create it with "
-                    f"`logsync --palace {palace_path} init`"
+                    f"`logsync init {palace_path}`"
                 )
             try:
                 rid = replica_id or read_replica_id(palace_path)
@@ -170,19 +174,17 @@ class Store(LocalWrites, Reads, ChainViews):
             if rid is None:
                 raise StoreNeedsWrite(
                     f"{palace_path} has no replica.json yet, which a read-only open cannot "
-                    "write: open it once with write access (e.g. `logsync info` as its owner)"
+                    f"write: set it up once with write access (`logsync init {palace_path}` as "
+                    "its owner)"
                 )
             key = _read_key_if_readable(palace_path)
         else:
-            if not palace_path.is_dir():
-                try:
-                    palace_path.mkdir(parents=True, exist_ok=True)
-                except OSError as exc:
-                    raise StoreError(
-                        f"cannot create palace directory {palace_path}: {exc.strerror or exc}"
-                    ) from None
-                with suppress(OSError):
-                    palace_path.chmod(0o700)  # a directory we made; never an existing one
+            try:
+                make_private_dir(palace_path)  # 0700 if made here; never an existing one
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot create palace directory {palace_path}: {exc.strerror or exc}"
+                ) from None
             rid = replica_id or get_replica_id(palace_path)
             key = load_or_mint_signing_key(palace_path)
         try:
@@ -421,6 +423,28 @@ class Store(LocalWrites, Reads, ChainViews):
         with self._atomic(durable=False) as conn:  # no proof: no own op is recovered here
             return apply_page(conn, self.replica_id, events, artifacts, self._wall_ms(),
                               own_verified=self.signing_key is None)
+
+    # ── operator commands (issue 11): thin, the rules live in their modules ──
+
+    def retry_quarantine(self, origin: str | None = None) -> RetryReport:
+        """Re-judge held ops by the apply rules, `origin`'s only when given, in one durable
+        transaction (`store/retry.py`); `own_verified` as `apply_remote` passes it."""
+        checked = None if origin is None else check_origin(origin)
+        with self._atomic(durable=True) as conn:
+            return retry_quarantine(conn, self.replica_id, self._wall_ms(),
+                                    own_verified=self.signing_key is None, origin=checked)
+
+    def review_conflicts(self, ids: Sequence[int] | None, *, origin: str | None = None,
+                         kind: str | None = None) -> dict[str, Any]:
+        """Mark conflicts reviewed: `ids`, or (None) all the filters select (`ledgers`)."""
+        now = model.utc_now_iso(self._wall_ms())
+        with self._atomic(durable=True) as conn:
+            return review_conflicts(conn, now, ids, origin=origin, kind=kind)
+
+    def reidentify(self, after: Callable[[str], None] | None = None) -> Reidentified:
+        """A new replica id and signing key for this palace (`store/reidentify.py`);
+        closes this store, which holds the old identity."""
+        return reidentify_store(self, after)
 
 
 def _read_key_if_readable(palace: Path) -> SigningKey | None:
