@@ -1,6 +1,10 @@
 """The conflict and quarantine ledgers (tables `logsync_conflicts`, `logsync_quarantine`):
 their rows, written inside the caller's transaction. A row is deduplicated by a digest
-of what it says, so seeing the same conflict or bad op again bumps `times_seen`."""
+of what it says, so seeing the same conflict or bad op again bumps `times_seen`.
+
+Also the operator's side of the conflicts ledger: the filters `logsync conflicts` takes
+(an origin, a kind of `CONFLICT_KINDS`, unreviewed only) and marking rows reviewed (a
+conflict seen again keeps its mark: the same digest is the same finding)."""
 
 from __future__ import annotations
 
@@ -11,10 +15,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from logsync import model
-from logsync.errors import shorten
+from logsync.errors import NotFoundError, ValidationError, shorten
 from logsync.ids import is_replica_id
 
 Row = tuple[Any, ...]
+
+# Every kind of conflict row logsync writes: the apply checks (`apply.APPLY_CHECKS` and
+# the artifact check) and the chain's records (`chainreads`: divergence, key_change).
+CONFLICT_KINDS = (
+    "artifact", "divergence", "forged_origin", "fork", "history_rewrite", "id_collision",
+    "key_change", "restored_replica",
+)
 
 
 def payload(value: Any) -> str:
@@ -83,3 +94,83 @@ def record_quarantine(conn: sqlite3.Connection, rows: Sequence[Row]) -> None:
         "ON CONFLICT(digest) DO UPDATE SET times_seen = times_seen + 1",
         rows,
     )
+
+
+# ── the operator's filters and marks ─────────────────────────────────
+
+
+def check_origin(origin: Any, name: str = "origin") -> str:
+    """A replica id to filter by, or one `ValidationError` sentence naming the value."""
+    if not is_replica_id(origin):
+        raise ValidationError(
+            f"{name} {shorten(origin)} is not a replica id: it must be rep_ followed by 12 "
+            "or 32 lowercase hex digits"
+        )
+    return str(origin)
+
+
+def check_kind(kind: Any, name: str = "kind") -> str:
+    """One of `CONFLICT_KINDS`, or one sentence naming the value and the allowed ones."""
+    if kind not in CONFLICT_KINDS:
+        raise ValidationError(
+            f"{name} {shorten(kind)} is not a conflict kind: it must be one of "
+            f"{', '.join(CONFLICT_KINDS)}"
+        )
+    return str(kind)
+
+
+def conflict_filter(
+    origin: str | None, kind: str | None, unreviewed: bool, *, has_reviewed: bool = True
+) -> tuple[str, list[Any]]:
+    """A WHERE clause (empty or starting with ' WHERE') over `logsync_conflicts` and its
+    parameters; values checked first. Without the ``reviewed_at`` column (an older store
+    read without migrating), every row is unreviewed."""
+    where: list[str] = []
+    params: list[Any] = []
+    if origin is not None:
+        where.append("origin_replica = ?")
+        params.append(check_origin(origin))
+    if kind is not None:
+        where.append("kind = ?")
+        params.append(check_kind(kind))
+    if unreviewed and has_reviewed:
+        where.append("reviewed_at IS NULL")
+    return (" WHERE " + " AND ".join(where) if where else ""), params
+
+
+def review_conflicts(
+    conn: sqlite3.Connection, now: str, ids: Sequence[int] | None, *,
+    origin: str | None = None, kind: str | None = None,
+) -> dict[str, Any]:
+    """Mark conflicts reviewed at `now`: the rows `ids` (every one must exist, else
+    nothing is marked), or with ``ids=None`` every row the filters select. A row already
+    reviewed keeps its first mark. Returns ``{"reviewed": n, "already_reviewed": m}``
+    (and ``"ids"`` for explicit ids)."""
+    if ids is None:
+        where, params = conflict_filter(origin, kind, False)
+        where += " AND" if where else " WHERE"
+        already = conn.execute(f"SELECT count(*) FROM logsync_conflicts{where} reviewed_at "
+                               "IS NOT NULL", params).fetchone()[0]
+        done = conn.execute(f"UPDATE logsync_conflicts SET reviewed_at = ?{where} reviewed_at "
+                            "IS NULL", (now, *params)).rowcount
+        return {"reviewed": done, "already_reviewed": int(already)}
+    wanted = sorted(set(ids))
+    found: dict[int, str | None] = {}
+    for start in range(0, len(wanted), 500):
+        chunk = wanted[start:start + 500]
+        rows = conn.execute(
+            f"SELECT id, reviewed_at FROM logsync_conflicts WHERE id IN "
+            f"({','.join('?' * len(chunk))})", chunk).fetchall()
+        found.update((int(r[0]), r[1]) for r in rows)
+    missing = [i for i in wanted if i not in found]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise NotFoundError(
+            f"conflict {missing[0]}{more} does not exist: `logsync conflicts` lists the ids; "
+            "nothing was marked"
+        )
+    fresh = [i for i in wanted if found[i] is None]
+    conn.executemany("UPDATE logsync_conflicts SET reviewed_at = ? WHERE id = ?",
+                     [(now, i) for i in fresh])
+    return {"reviewed": len(fresh), "already_reviewed": len(wanted) - len(fresh),
+            "ids": wanted}

@@ -21,8 +21,9 @@ from logsync.errors import (
 from logsync.store.apply import REFUSED_OWN_TOP_SQL
 from logsync.store.audit import AuditReport, audit_store
 from logsync.store.faults import describe_fault
+from logsync.store.ledgers import check_origin, conflict_filter
 from logsync.store.rows import artifact_dict, chunks, event_dict, ledger_dict
-from logsync.store.schema import FILTER_COLUMNS
+from logsync.store.schema import FILTER_COLUMNS, REVIEWED_COLUMN
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 500
@@ -240,28 +241,57 @@ class Reads:
             yield from (artifact_dict(r) for r in rows)
             last = rows[-1]["id"]
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, *, unreviewed: bool = False) -> dict[str, int]:
+        """Rows per table. ``unreviewed=True`` adds ``conflicts_unreviewed``, the conflicts
+        `logsync conflicts review` has not marked (an opt-in key: callers compare the
+        plain dict whole)."""
         tables = (
             ("events", "events"),
             ("artifacts", "artifacts"),
             ("conflicts", "logsync_conflicts"),
             ("quarantined", "logsync_quarantine"),
         )
-        return {
+        out = {
             name: int(self._read(f"SELECT count(*) FROM {table}")[0][0]) for name, table in tables
         }
+        if unreviewed:
+            where, params = conflict_filter(None, None, True,
+                                            has_reviewed=self._has_reviewed_column())
+            out["conflicts_unreviewed"] = int(
+                self._read(f"SELECT count(*) FROM logsync_conflicts{where}", params)[0][0])
+        return out
 
-    def list_conflicts(self, limit: int = 100) -> list[dict[str, Any]]:
-        rows = self._read(
-            "SELECT * FROM logsync_conflicts ORDER BY id DESC LIMIT ?", (_clamp_limit(limit),)
-        )
-        return [ledger_dict(r, ("local_json", "remote_json")) for r in rows]
+    def list_conflicts(
+        self, limit: int = 100, *, origin: str | None = None, kind: str | None = None,
+        unreviewed: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Newest first, optionally only one origin's, one kind (`ledgers.CONFLICT_KINDS`)
+        or the unreviewed ones; each row has ``reviewed_at`` (None: not reviewed)."""
+        has_reviewed = self._has_reviewed_column()
+        where, params = conflict_filter(origin, kind, unreviewed, has_reviewed=has_reviewed)
+        rows = self._read(f"SELECT * FROM logsync_conflicts{where} ORDER BY id DESC LIMIT ?",
+                          (*params, _clamp_limit(limit)))
+        out = [ledger_dict(r, ("local_json", "remote_json")) for r in rows]
+        if not has_reviewed:
+            for row in out:
+                row["reviewed_at"] = None
+        return out
 
-    def list_quarantine(self, limit: int = 100) -> list[dict[str, Any]]:
-        rows = self._read(
-            "SELECT * FROM logsync_quarantine ORDER BY id DESC LIMIT ?", (_clamp_limit(limit),)
-        )
+    def list_quarantine(self, limit: int = 100, *, origin: str | None = None
+                        ) -> list[dict[str, Any]]:
+        """Newest first, optionally only the ops held of one origin."""
+        where, params = "", []
+        if origin is not None:
+            where, params = " WHERE origin_replica = ?", [check_origin(origin)]
+        rows = self._read(f"SELECT * FROM logsync_quarantine{where} ORDER BY id DESC LIMIT ?",
+                          (*params, _clamp_limit(limit)))
         return [ledger_dict(r, ("payload_json",)) for r in rows]
+
+    def _has_reviewed_column(self) -> bool:
+        """Whether the conflicts ledger has `reviewed_at` (a read-only open of an older
+        store reads it without migrating)."""
+        return any(r[1] == REVIEWED_COLUMN
+                   for r in self._read("PRAGMA table_info(logsync_conflicts)"))
 
     def _attach(self, rows: Sequence[sqlite3.Row]) -> list[dict[str, Any]]:
         """Event dicts in upstream key order, artifact_ids sorted."""

@@ -7,7 +7,10 @@ topic columns gets them, and its rows are backfilled as authored here (as
 upstream does). A store without the per-origin hash chain gets the ``logsync_chain``
 table here; ``Store.open`` then computes the missing chain entries (one transaction).
 A chain table from before signatures gets its ``signature`` column, and every store the
-``logsync_keys`` keyring (``keyring.py``); MemPalace ignores both.
+``logsync_keys`` keyring (``keyring.py``); MemPalace ignores both. A conflicts ledger from
+before `logsync conflicts review` gets its nullable ``reviewed_at`` column; reads do not
+need it (a read-only open of an older store lists every conflict as unreviewed), so its
+absence is not a `schema_problem`.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ CREATE TABLE IF NOT EXISTS logsync_conflicts (
     local_json TEXT,
     remote_json TEXT NOT NULL,
     digest TEXT NOT NULL UNIQUE,
-    times_seen INTEGER NOT NULL DEFAULT 1
+    times_seen INTEGER NOT NULL DEFAULT 1,
+    reviewed_at TEXT
 );
 CREATE TABLE IF NOT EXISTS logsync_quarantine (
     id INTEGER PRIMARY KEY,
@@ -118,6 +122,7 @@ REQUIRED_TABLES = (
     "logsync_health", "logsync_chain", "logsync_keys",
 )
 PROVENANCE_COLUMNS = ("topic", "origin_replica", "origin_seq", "hlc")
+REVIEWED_COLUMN = "reviewed_at"  # logsync_conflicts: optional for reads (see the docstring)
 
 
 def migrate(conn: sqlite3.Connection, replica_id: str) -> None:
@@ -127,6 +132,7 @@ def migrate(conn: sqlite3.Connection, replica_id: str) -> None:
     backfill_provenance(conn, replica_id)
     create_upstream_indexes(conn)
     create_logsync_tables(conn)
+    add_reviewed_column(conn)
     create_health_table(conn)
     create_chain_table(conn)
     add_signature_column(conn)
@@ -216,6 +222,18 @@ def create_logsync_tables(conn: sqlite3.Connection) -> None:
     for statement in LOGSYNC_SCHEMA.split(";"):
         if statement.strip():
             conn.execute(statement)
+
+
+def add_reviewed_column(conn: sqlite3.Connection) -> None:
+    """``logsync_conflicts.reviewed_at`` (when `logsync conflicts review` marked a row; NULL:
+    not yet), last like a new table's, so both orders of columns agree."""
+    if REVIEWED_COLUMN not in _columns(conn, "logsync_conflicts"):
+        conn.execute(f"ALTER TABLE logsync_conflicts ADD COLUMN {REVIEWED_COLUMN} TEXT")
+
+
+def has_reviewed_column(conn: sqlite3.Connection) -> bool:
+    """Whether the conflicts ledger has been migrated to carry ``reviewed_at``."""
+    return REVIEWED_COLUMN in _columns(conn, "logsync_conflicts")
 
 
 def create_health_table(conn: sqlite3.Connection) -> None:
