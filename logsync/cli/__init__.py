@@ -12,6 +12,7 @@ from __future__ import annotations
 from logsync.cli import (  # noqa: E402
     ledgers,  # noqa: F401
     local,  # noqa: F401
+    operator,  # noqa: F401
     replication,  # noqa: F401
     sim,  # noqa: F401
     verify,  # noqa: F401

@@ -1,4 +1,6 @@
-"""Ledger and peer-list commands: peers (add, remove, list), conflicts, quarantine."""
+"""Ledger and peer-list commands: peers (add, remove, list), and the listings of the
+conflicts and quarantine ledgers (groups: their subcommands, which change a ledger, are
+in `cli/operator.py`)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,18 @@ from logsync import peers as peers_mod
 from logsync.cli._common import emit_json, handles_errors, json_option, open_store, palace_of
 from logsync.cli.group import cli
 from logsync.errors import shorten
+from logsync.store.ledgers import CONFLICT_KINDS, check_kind, check_origin
 
 
 @cli.group("peers")
 def peers_group() -> None:
-    """Manage peers.json (the upstream format)."""
+    """Manage peers.json (the upstream format).
+
+    Example:
+
+    \b
+      logsync peers add b http://127.0.0.1:8802 --token secret-b
+    """
 
 
 @peers_group.command("add")
@@ -25,7 +34,13 @@ def peers_group() -> None:
 @click.pass_context
 @handles_errors
 def peers_add(ctx: click.Context, as_json: bool, name: str, url: str, token: str | None) -> None:
-    """Add (or replace) peer NAME at URL."""
+    """Add (or replace) peer NAME at URL.
+
+    Example:
+
+    \b
+      logsync peers add hub http://hub.example:8080 --token secret
+    """
     peer = peers_mod.add_peer(palace_of(ctx), name, url, token)
     _print_peers([peer], as_json, "Added")
 
@@ -36,7 +51,13 @@ def peers_add(ctx: click.Context, as_json: bool, name: str, url: str, token: str
 @click.pass_context
 @handles_errors
 def peers_remove(ctx: click.Context, as_json: bool, name: str) -> None:
-    """Remove the peer called NAME (or with that URL)."""
+    """Remove the peer called NAME (or with that URL).
+
+    Example:
+
+    \b
+      logsync peers remove hub
+    """
     peer = peers_mod.remove_peer(palace_of(ctx), name)
     _print_peers([peer], as_json, "Removed")
 
@@ -46,7 +67,13 @@ def peers_remove(ctx: click.Context, as_json: bool, name: str) -> None:
 @click.pass_context
 @handles_errors
 def peers_list(ctx: click.Context, as_json: bool) -> None:
-    """The configured peers (tokens are never shown)."""
+    """The configured peers (tokens are never shown).
+
+    Example:
+
+    \b
+      logsync peers list --json
+    """
     _print_peers(peers_mod.load_peers(palace_of(ctx)), as_json, None)
 
 
@@ -64,30 +91,67 @@ def _print_peers(peers: list[peers_mod.Peer], as_json: bool, verb: str | None) -
         click.echo("no peers configured")
 
 
-@cli.command("conflicts")
-@click.option("--limit", type=int, default=100, show_default=True)
+LIMIT_HELP = "Show at most this many rows, newest first (at most 500)."
+ORIGIN_HELP = "Only rows of this origin (a replica id)."
+
+
+@cli.group("conflicts", invoke_without_command=True)
+@click.option("--limit", type=int, default=100, show_default=True, help=LIMIT_HELP)
+@click.option("--origin", default=None, help=ORIGIN_HELP)
+@click.option("--kind", default=None,
+              help=f"Only conflicts of this kind: {', '.join(CONFLICT_KINDS)}.")
+@click.option("--unreviewed", is_flag=True,
+              help="Only conflicts `logsync conflicts review` has not marked.")
 @json_option
 @click.pass_context
 @handles_errors
-def conflicts_cmd(ctx: click.Context, as_json: bool, limit: int) -> None:
+def conflicts_cmd(ctx: click.Context, as_json: bool, limit: int, origin: str | None,
+                  kind: str | None, unreviewed: bool) -> None:
     """Divergence found while applying remote ops (never overwritten, never silent). A
     chain divergence shows its first divergent seq, the peer, both chain digests and
-    both ops; a key change both keys (short: --json has them whole)."""
+    both ops; a key change both keys (short: --json has them whole). Each row starts
+    with its id, which `logsync conflicts review` takes.
+
+    Example:
+
+    \b
+      logsync conflicts --kind fork --unreviewed
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    origin, kind = checked_filters(origin, kind)
     with open_store(ctx, read_only=True) as store:
-        rows = store.list_conflicts(limit)
+        rows = store.list_conflicts(limit, origin=origin, kind=kind, unreviewed=unreviewed)
     _print_ledger(rows, as_json, "conflicts", "detected_at")
 
 
-@cli.command("quarantine")
-@click.option("--limit", type=int, default=100, show_default=True)
+@cli.group("quarantine", invoke_without_command=True)
+@click.option("--limit", type=int, default=100, show_default=True, help=LIMIT_HELP)
+@click.option("--origin", default=None, help=ORIGIN_HELP)
 @json_option
 @click.pass_context
 @handles_errors
-def quarantine_cmd(ctx: click.Context, as_json: bool, limit: int) -> None:
-    """Remote ops refused by validation, kept verbatim with the reason."""
+def quarantine_cmd(ctx: click.Context, as_json: bool, limit: int, origin: str | None) -> None:
+    """Remote ops refused by validation, kept verbatim with the reason (`logsync
+    quarantine retry` applies those whose cause is gone).
+
+    Example:
+
+    \b
+      logsync quarantine --origin rep_0123456789abcdef0123456789abcdef --json
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    origin, _ = checked_filters(origin, None)
     with open_store(ctx, read_only=True) as store:
-        rows = store.list_quarantine(limit)
+        rows = store.list_quarantine(limit, origin=origin)
     _print_ledger(rows, as_json, "quarantined", "received_at")
+
+
+def checked_filters(origin: str | None, kind: str | None) -> tuple[str | None, str | None]:
+    """--origin and --kind checked, each failure one sentence naming the option."""
+    return (None if origin is None else check_origin(origin, "--origin"),
+            None if kind is None else check_kind(kind, "--kind"))
 
 
 def _print_ledger(rows: list[dict[str, Any]], as_json: bool, noun: str, when: str) -> None:
@@ -95,11 +159,12 @@ def _print_ledger(rows: list[dict[str, Any]], as_json: bool, noun: str, when: st
         emit_json({noun: rows, "count": len(rows)})
         return
     if not rows:
-        click.echo(f"no {noun} ops")
+        click.echo("no conflicts" if noun == "conflicts" else f"no {noun} ops")
     for row in rows:
         seq = "" if row["origin_seq"] is None else f"#{row['origin_seq']}"
-        click.echo(f"{row[when]}  {row['kind']}  {row['origin_replica']}{seq}  "
-                   f"{row['item_id']}  x{row['times_seen']}: {row['reason']}")
+        mark = " (reviewed)" if row.get("reviewed_at") else ""
+        click.echo(f"[{row['id']}] {row[when]}  {row['kind']}  {row['origin_replica']}{seq}  "
+                   f"{row['item_id']}  x{row['times_seen']}{mark}: {row['reason']}")
         for line in _chain_detail(row):
             click.echo(f"    {line}")
 
