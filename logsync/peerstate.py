@@ -100,9 +100,27 @@ class PeerState:
     # A catch-up under way (a round that has applied ops and owes more): done/total ops,
     # rate in ops/s, eta in seconds, began_at unix seconds. None when no round runs.
     catchup: dict[str, Any] | None = None
+    last_push_at: float | None = None
+    total_pushed_events: int = 0
+    takes_pushes: bool | None = None  # None: never tried
 
     def record_attempt(self, now: float) -> None:
         self.last_attempt_at = now
+
+    def record_push(self, report: Any, now: float) -> None:
+        """A push round (`push.PushReport`): what the peer reached of each origin we
+        offered raises its last known vector (it holds at least that now)."""
+        self.takes_pushes = report.supported
+        if not report.supported:
+            return
+        self.last_push_at = now
+        self.total_pushed_events += report.pushed
+        merged = dict(self.remote_version_vector or report.remote_vector)
+        for origin, top in report.remote_vector.items():
+            merged[origin] = max(merged.get(origin, 0), top)
+        for origin, progress in report.origins.items():
+            merged[origin] = max(merged.get(origin, 0), progress.reached)
+        self.remote_version_vector = merged
 
     def record_pages(self, seconds: list[float]) -> None:
         """Fold a round's page fetch+apply times into the histogram."""
@@ -218,11 +236,14 @@ class PeerState:
                 "quarantined": self.total_quarantined,
                 "rounds_ok": self.rounds_ok,
                 "rounds_failed": self.rounds_failed,
+                "pushed_events": self.total_pushed_events,
             },
             "extensions": list(self.extensions),
             "stopped_origins": dict(self.stopped_origins),
             "failed_origins": dict(self.failed_origins),
             "catchup": dict(self.catchup) if self.catchup else None,
+            "takes_pushes": self.takes_pushes,
+            "last_push_at": iso_utc(self.last_push_at),
             "page_seconds": {"buckets": list(PAGE_BUCKETS),
                              "counts": list(self.page_time_counts),
                              "sum": round(self.page_time_sum, 6)},

@@ -2,8 +2,9 @@
 
 Exit codes: 0 ok, 1 error, usage errors included (one line: `Error: …` on
 stderr, or `{"error": …}` with --json), 2 timeout (`wait`), 3 the store does not
-verify (`verify`). `main()` is the entry point that enforces the one-line form for
-click's own usage errors.
+verify (`verify`) or a peer is behind either way (`status`, where 1 is a peer that
+failed). `main()` is the entry point that enforces the one-line form for click's own
+usage errors.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from logsync.cli import (  # noqa: E402
     operator,  # noqa: F401
     replication,  # noqa: F401
     sim,  # noqa: F401
+    status,  # noqa: F401
     verify,  # noqa: F401
 )
 from logsync.cli.group import cli, main

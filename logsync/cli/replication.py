@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import anyio
 import click
 
 from logsync import peers as peers_mod
+from logsync import progress
 from logsync.cli._common import emit_json, handles_errors, json_option, open_store, palace_of
 from logsync.cli.group import cli
 from logsync.defaults import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
@@ -19,7 +21,6 @@ from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError
 from logsync.peerstate import PeerBook
 from logsync.store import Store
-from logsync.store.signing_state import phrase, read_signing_states
 
 
 @cli.command("serve")
@@ -66,18 +67,32 @@ def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host:
     serve(config, announce=banner)
 
 
-@cli.command("sync")
-@click.option("--peer", "peer_url", help="Pull from this URL instead of every configured peer.")
-@click.option("--token", envvar="LOGSYNC_PEER_TOKEN", help="Bearer token for --peer.")
-@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False))
+@cli.command("sync", epilog="""\b
+Examples:
+  logsync sync                                  # every peer in peers.json, both ways
+  logsync sync --peer https://desk:8742 --token T   # one peer, both ways
+  logsync sync --peer http://hub:8742 --pull-only  # a MemPalace hub: pull only
+
+Exit status: 0 every peer done both ways, 1 a peer or an origin failed.""")
+@click.option("--peer", "peer_url", help="Sync with this URL instead of every configured peer.")
+@click.option("--token", envvar="LOGSYNC_PEER_TOKEN", help="Bearer token for --peer "
+              "(env LOGSYNC_PEER_TOKEN).")
+@click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
+              help="CA bundle for verifying an https peer.")
 @click.option("--timeout", type=float, default=30.0, show_default=True,
               help="Per-request timeout in seconds.")
+@click.option("--pull-only", is_flag=True, help="Only pull what the peer holds and we lack.")
+@click.option("--push-only", is_flag=True, help="Only push what we hold and the peer lacks.")
 @json_option
 @click.pass_context
 @handles_errors
 def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str | None,
-             ca_file: str | None, timeout: float) -> None:
-    """One pull round against one peer or every configured peer; exit 1 if any failed."""
+             ca_file: str | None, timeout: float, pull_only: bool, push_only: bool) -> None:
+    """Reconcile with one peer or every configured peer: pull what they hold that we
+    lack, then push what we hold that they lack (to a peer that takes pushes: a logsync
+    daemon with a token; a MemPalace hub must pull from us instead)."""
+    if pull_only and push_only:
+        raise ConfigError("--pull-only and --push-only exclude each other: pass one or neither")
     palace = palace_of(ctx)
     if peer_url:
         targets = [peers_mod.Peer(url=peers_mod.check_url(peer_url),
@@ -87,9 +102,10 @@ def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str
         if not targets:
             raise ConfigError(f"no peers configured ({peers_mod.peers_path(palace)}) "
                               "and no --peer given")
-    show_progress = not as_json and sys.stdout.isatty()
+    terminal = not as_json and sys.stderr.isatty()
     with open_store(ctx) as store:
-        results = [_sync_one(store, p, ca_file, timeout, show_progress) for p in targets]
+        results = [_sync_one(store, p, ca_file, timeout, terminal, pull=not push_only,
+                             push=not pull_only) for p in targets]
         _record(palace, targets, results, peer_url is None)
     stats = [r["stats"] for r in results]
     if as_json:
@@ -97,66 +113,73 @@ def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str
     else:
         for result in results:
             _print_result(result)
-    if any("error" in s or s.get("failed_origins") for s in stats):
+    if any(_failed(s) for s in stats):
         sys.exit(1)
 
 
+def _failed(stats: dict[str, Any]) -> bool:
+    push = stats.get("push") or {}
+    return bool("error" in stats or stats.get("failed_origins") or "error" in push
+                or any(r.startswith("failed") for r in push.get("stopped", {}).values()))
+
+
 def _sync_one(store: Store, peer: peers_mod.Peer, ca_file: str | None, timeout: float,
-              show_progress: bool) -> dict[str, Any]:
+              terminal: bool, *, pull: bool = True, push: bool = True) -> dict[str, Any]:
+    """Pull, then push, against one peer; each outcome kept, nothing raised."""
     from logsync.client import PeerClient
+    from logsync.push import PushReport
 
     label = peer.name or peers_mod.redact_url(peer.url)
-    report = RoundReport(peer=label)
+    report, pushed = RoundReport(peer=label), PushReport(peer=label)
 
-    async def run() -> RoundReport | Exception:
-        # The outcome is returned, not raised, so the task group cannot wrap it.
-        outcome: RoundReport | Exception
-        async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file,
-                              timeout=timeout) as client, anyio.create_task_group() as tg:
-            if show_progress:
-                tg.start_soon(_progress, store, report)
+    async def watched(verb: str, live: Any, work: Any) -> Any:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(progress.watch, live, verb, label, terminal=terminal))
             try:
-                outcome = await client.run_round(store, report=report)
+                return await work
             except Exception as exc:  # noqa: BLE001 - one peer's fault stays with that peer
-                outcome = exc
-            tg.cancel_scope.cancel()
-        return outcome
+                return exc
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def run() -> tuple[Any, Any]:
+        async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file,
+                              timeout=timeout) as client:
+            pulled = await watched("pulling from", report, client.run_round(store,
+                                   report=report)) if pull else None
+            if not push or isinstance(pulled, Exception):  # the pull's error says it all
+                return pulled, None
+            return pulled, await watched("pushing to", pushed, client.run_push(
+                store, report=pushed))
 
     try:
-        done = anyio.run(run)
+        done, push_done = anyio.run(run)
     except Exception as exc:  # noqa: BLE001 - e.g. a URL the client refuses (ConfigError)
-        done = exc
+        done, push_done = exc, None
+    stats: dict[str, Any] = {"peer_name": label, "peer_url": peers_mod.redact_url(peer.url)}
     if isinstance(done, Exception):
-        kind = error_kind(done)
-        message = str(done) or type(done).__name__
-        if kind == "internal":
-            message = f"internal error {type(done).__name__}: {message}"
-        stats = {"peer_name": label, "peer_url": peers_mod.redact_url(peer.url),
-                 "error": _unnamed(label, message), "error_kind": kind}
-        return {"peer": peer, "report": report, "stats": stats, "error": done}
-    stats = {**done.as_upstream_stats(peers_mod.redact_url(peer.url)), "peer_name": label,
-             "failed_origins": {o: _unnamed(label, r.removeprefix("failed: "))
-                                for o, r in done.failed_origins().items()},
-             "conflicts": done.conflicts, "quarantined": done.quarantined,
-             "per_origin_detail": {o: p.as_dict() for o, p in done.origins.items()}}
-    return {"peer": peer, "report": done, "stats": stats, "error": None}
+        stats |= _error_stats(label, done)
+    elif done is not None:
+        stats |= {**done.as_upstream_stats(peers_mod.redact_url(peer.url)), "peer_name": label,
+                  "failed_origins": {o: _unnamed(label, r.removeprefix("failed: "))
+                                     for o, r in done.failed_origins().items()},
+                  "conflicts": done.conflicts, "quarantined": done.quarantined,
+                  "per_origin_detail": {o: p.as_dict() for o, p in done.origins.items()}}
+    if push and not isinstance(done, Exception):
+        stats["push"] = (_error_stats(label, push_done) if isinstance(push_done, Exception)
+                         else pushed.as_dict() if push_done is not None else None)
+    return {"peer": peer, "report": done if not isinstance(done, Exception) else report,
+            "stats": stats, "error": done if isinstance(done, Exception) else None,
+            "push": pushed if push_done is not None and not isinstance(push_done, Exception)
+            else None}
 
 
-async def _progress(store: Store, report: RoundReport) -> None:
-    """A bar over the ops the peer's vector says we lack, fed by the live report."""
-    while not report.remote_vector:  # noqa: ASYNC110 - the report is plain data, polled
-        await anyio.sleep(0.05)
-    local = await anyio.to_thread.run_sync(store.version_vector)
-    total = sum(max(0, top - local.get(o, 0)) for o, top in report.remote_vector.items()
-                if o != store.replica_id)
-    with click.progressbar(length=max(total, 1), label=f"pulling from {report.peer}",
-                           file=sys.stderr) as bar:
-        shown = 0
-        while True:
-            now = report.applied + report.total("duplicates")
-            bar.update(max(0, min(now, total) - shown))
-            shown = max(shown, min(now, total))
-            await anyio.sleep(0.1)
+def _error_stats(label: str, error: BaseException) -> dict[str, Any]:
+    kind = error_kind(error)
+    message = str(error) or type(error).__name__
+    if kind == "internal":
+        message = f"internal error {type(error).__name__}: {message}"
+    return {"error": _unnamed(label, message), "error_kind": kind}
 
 
 def _record(palace: Any, targets: list[peers_mod.Peer], results: list[dict[str, Any]],
@@ -172,8 +195,10 @@ def _record(palace: Any, targets: list[peers_mod.Peer], results: list[dict[str, 
         state.record_attempt(now)
         if result["error"] is not None:
             state.record_failure(result["error"], now, result["report"])
-        else:
+        elif result["report"] is not None:
             state.record_success(result["report"], now)
+        if result["push"] is not None:
+            state.record_push(result["push"], now)
     book.save(palace)
 
 
@@ -187,69 +212,29 @@ def _print_result(result: dict[str, Any]) -> None:
     name = stats.get("peer_name") or stats.get("peer_url")
     if "error" in stats:
         click.echo(f"  {name}: ERROR ({stats['error_kind']}) {stats['error']}", err=True)
+    elif "pulled_events" in stats:
+        click.echo(f"  {name} ({stats['peer_replica']}): +{stats['pulled_events']} events, "
+                   f"+{stats['pulled_artifacts']} artifacts, {stats['conflicts']} conflicts, "
+                   f"{stats['quarantined']} quarantined")
+        for origin, detail in sorted(stats["per_origin_detail"].items()):
+            if detail.get("applied") or detail.get("artifacts"):
+                click.echo(f"    {origin}: +{detail.get('applied', 0)} events, "
+                           f"+{detail.get('artifacts', 0)} artifacts")
+        for origin, reason in sorted(stats["failed_origins"].items()):
+            click.echo(f"  {name}: origin {origin} FAILED: {reason}", err=True)
+    _print_push(name, stats.get("push"))
+
+
+def _print_push(name: str, push: dict[str, Any] | None) -> None:
+    if push is None:
         return
-    click.echo(f"  {name} ({stats['peer_replica']}): +{stats['pulled_events']} events, "
-               f"+{stats['pulled_artifacts']} artifacts, {stats['conflicts']} conflicts, "
-               f"{stats['quarantined']} quarantined")
-    for origin, detail in sorted(stats["per_origin_detail"].items()):
-        if detail.get("applied") or detail.get("artifacts"):
-            click.echo(f"    {origin}: +{detail.get('applied', 0)} events, "
-                       f"+{detail.get('artifacts', 0)} artifacts")
-    for origin, reason in sorted(stats["failed_origins"].items()):
-        click.echo(f"  {name}: origin {origin} FAILED: {reason}", err=True)
-
-
-@cli.command("status")
-@json_option
-@click.pass_context
-@handles_errors
-def status_cmd(ctx: click.Context, as_json: bool) -> None:
-    """This replica, whether each origin it holds is signed, pinned or unsigned (as
-    `info`), and how far behind each peer it is."""
-    palace = palace_of(ctx)
-    with open_store(ctx, read_only=True) as store:
-        local = store.version_vector()
-        payload: dict[str, Any] = {"replica_id": store.replica_id, "palace": str(palace),
-                                   "version_vector": local, **store.counts(),
-                                   "signing": {o: s.to_json() for o, s in
-                                               read_signing_states(store).items()}}
-    book = PeerBook.load(palace)
-    configured = peers_mod.load_peers(palace)
-    payload["peers"] = [
-        _redacted(book.get(p.key, p.url).as_upstream_peer_entry(local)) for p in configured
-    ]
-    if as_json:
-        emit_json(payload)
-        return
-    click.echo(f"replica {payload['replica_id']}  ({palace})")
-    click.echo(f"events {payload['events']}  artifacts {payload['artifacts']}  "
-               f"conflicts {payload['conflicts']}  quarantined {payload['quarantined']}")
-    for origin, top in sorted(local.items()):
-        signing = payload["signing"].get(origin)  # None: an op that came between two reads
-        click.echo(f"  holds {origin} up to {top}" + (f" ({phrase(signing)})" if signing else ""))
-    if not payload["peers"]:
-        click.echo("no peers configured (logsync peers add NAME URL)")
-    for entry in payload["peers"]:
-        _print_peer(entry)
-
-
-def _redacted(entry: dict[str, Any]) -> dict[str, Any]:
-    """A peer entry safe to print: no credentials in its URL (or in a URL-shaped name)."""
-    out = dict(entry)
-    for key in ("url", "name"):
-        if isinstance(out.get(key), str) and (key == "url" or "://" in out[key]):
-            out[key] = peers_mod.redact_url(out[key])
-    return out
-
-
-def _print_peer(entry: dict[str, Any]) -> None:
-    reach = {True: "reachable", False: "UNREACHABLE", None: "never contacted"}[entry["reachable"]]
-    click.echo(f"peer {entry['name']} {entry['url']}: {reach}, last sync "
-               f"{entry['last_success_at'] or 'never'}")
-    if entry["last_error"]:
-        click.echo(f"    last error ({entry['last_error_at']}): {entry['last_error']}")
-    behind = {o: n for o, n in entry["drift"].items() if n}
-    if not behind and entry["remote_version_vector"] is not None:
-        click.echo("    in sync with what it had at the last round")
-    for origin, n in sorted(behind.items()):
-        click.echo(f"    {n} ops behind {origin}")
+    if "error" in push:
+        click.echo(f"  {name}: push ERROR ({push['error_kind']}) {push['error']}", err=True)
+    elif push["supported"] is False:
+        click.echo(f"  {name}: takes no pushes (no 'push' extension: a MemPalace hub, or a "
+                   "logsync daemon without a token); it must pull from this replica", err=True)
+    else:
+        click.echo(f"  {name}: pushed +{push['pushed_events']} events; it lacks "
+                   f"{push['they_lack']} of ours")
+        for origin, reason in sorted(push["stopped"].items()):
+            click.echo(f"  {name}: push of origin {origin} stopped: {reason}", err=True)
