@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import random
 import signal
 import time
@@ -36,6 +37,7 @@ import uvicorn
 from anyio.abc import TaskGroup
 
 from logsync import peers as peers_mod
+from logsync import progress
 from logsync.client import PeerClient, tls_context
 from logsync.defaults import (
     DEFAULT_DEBOUNCE_S,
@@ -48,6 +50,7 @@ from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError, LogsyncError, PeerTransientError, StoreError
 from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop
 from logsync.peerstate import PeerBook, PeerState
+from logsync.push import PushReport
 from logsync.server import create_app, is_loopback_host
 from logsync.server.limits import check_tls, listen_socket, uvicorn_limits
 from logsync.store import Store
@@ -56,6 +59,8 @@ from logsync.watch import watch_stream
 log = logging.getLogger("logsync.daemon")
 
 PEERS_POLL_S = 1.0
+PUSH_POLL_S = 1.0  # how often a push peer's loop looks for a change in our log
+PUSH_BACKOFF_MAX_S = 300.0
 STORE_CHECK_S = 5.0
 LOGGED_ORIGIN_FAILURES = 3  # per round; the rest are counted in one line
 GRACEFUL_SHUTDOWN_S = 3.0  # event streams never end on their own; cut them after this
@@ -249,7 +254,48 @@ class Daemon:
             async with anyio.create_task_group() as tg:
                 if self.config.notifications:
                     tg.start_soon(self._watch, task)
+                if task.peer.push:
+                    tg.start_soon(self._push_loop, task)
                 await self._pull_loop(task)
+
+    async def _push_loop(self, task: _PeerTask) -> None:
+        """For a peer marked `"push": true` (it cannot reach us): push what it lacks when
+        our log changes (a local append, or ops pulled from elsewhere) and every interval
+        anyway; after a failure, wait longer each time, up to `PUSH_BACKOFF_MAX_S`."""
+        peer, state = task.peer, self.book.get(task.peer.key, task.peer.url)
+        seen: object = ("never",)
+        last, wait = -math.inf, 0.0
+        told_unsupported = False
+        async with PeerClient(peer.url, peer.token, name=task.label,
+                              ca_file=self.config.ca_file, rng=self._rng) as client:
+            while True:
+                await anyio.sleep(PUSH_POLL_S)
+                if self._store_healthy is not None:
+                    await self._store_healthy.wait()
+                marker = await anyio.to_thread.run_sync(self.store.latest_event_id)
+                now = anyio.current_time()
+                if now < last + wait or (marker == seen and now < last + self.config.interval):
+                    continue
+                last = now
+                report = PushReport(peer=task.label)
+                try:
+                    await client.run_push(self.store, report=report)
+                except Exception as exc:  # noqa: BLE001 - invariant 9: the peer's fault
+                    wait = min(max(2 * wait, self.config.interval), PUSH_BACKOFF_MAX_S)
+                    log.warning("%s", _named(task.label, f"push failed: {exc}"))
+                    continue
+                seen, wait = marker, 0.0
+                state.record_push(report, time.time())
+                if report.supported is False and not told_unsupported:
+                    told_unsupported = True
+                    log.warning("peer %s takes no pushes (no 'push' extension): it must pull "
+                                "from this replica", task.label)
+                if report.pushed:
+                    log.info("peer %s: pushed +%d events", task.label, report.pushed)
+                for origin, reason in list(report.stopped().items())[:LOGGED_ORIGIN_FAILURES]:
+                    log.warning("%s", _named(task.label, f"push of origin {origin} stopped: "
+                                                         f"{reason}"))
+                await anyio.to_thread.run_sync(self._save_state)
 
     async def _watch(self, task: _PeerTask) -> None:
         await watch_stream(task.peer.url, task.peer.token, task.note, rng=self._rng,
@@ -287,12 +333,23 @@ class Daemon:
             plan = task.loop.begin(anyio.current_time(), local)
             if isinstance(plan, NoRound):  # nothing to pull now: no request, no news
                 return
-            if isinstance(plan, FullRound):
-                await client.run_round(self.store, report=report, held_back=plan.held_back)
-            else:
-                await client.run_targeted(self.store, plan.targets, plan.extensions,
-                                          origins_in_flight=DEFAULT_ORIGINS_IN_FLIGHT,
-                                          report=report)
+            failure: Exception | None = None
+            async with anyio.create_task_group() as watcher:
+                watcher.start_soon(self._catching_up, task, state, report)
+                try:
+                    if isinstance(plan, FullRound):
+                        await client.run_round(self.store, report=report,
+                                               held_back=plan.held_back)
+                    else:
+                        await client.run_targeted(self.store, plan.targets, plan.extensions,
+                                                  origins_in_flight=DEFAULT_ORIGINS_IN_FLIGHT,
+                                                  report=report)
+                except Exception as exc:  # noqa: BLE001 - kept, so the group cannot wrap it
+                    failure = exc
+                finally:
+                    watcher.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
         except Exception as exc:  # noqa: BLE001 - invariant 9: nothing leaves this loop
             self._round_failed(task, state, report, exc)
         except BaseException:  # cancelled: the peer was removed or changed, or we stop
@@ -302,6 +359,21 @@ class Daemon:
             task.loop.succeeded(report, anyio.current_time())
             self._record(task, state, report, full=isinstance(plan, FullRound))
         await anyio.to_thread.run_sync(self._save_state)
+
+    async def _catching_up(self, task: _PeerTask, state: PeerState,
+                           report: RoundReport) -> None:
+        """While a long round runs: a log line and the `catchup` entry `status` shows,
+        every `progress.EVERY_S` seconds once it has applied something."""
+        began, began_wall = anyio.current_time(), time.time()
+        while True:
+            await anyio.sleep(progress.EVERY_S)
+            snap = progress.snapshot(report)
+            if not snap.done or snap.done >= snap.total:
+                continue
+            log.info("%s", progress.line("catching up from", task.label, snap,
+                                         anyio.current_time() - began))
+            state.record_progress(snap.done, snap.total, began_wall, time.time())
+            await anyio.to_thread.run_sync(self._save_state)
 
     def _round_failed(self, task: _PeerTask, state: PeerState, report: RoundReport,
                       exc: Exception) -> None:
