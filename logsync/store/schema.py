@@ -231,11 +231,6 @@ def add_reviewed_column(conn: sqlite3.Connection) -> None:
         conn.execute(f"ALTER TABLE logsync_conflicts ADD COLUMN {REVIEWED_COLUMN} TEXT")
 
 
-def has_reviewed_column(conn: sqlite3.Connection) -> bool:
-    """Whether the conflicts ledger has been migrated to carry ``reviewed_at``."""
-    return REVIEWED_COLUMN in _columns(conn, "logsync_conflicts")
-
-
 def create_health_table(conn: sqlite3.Connection) -> None:
     """The one-row table ``Store.health_problem`` writes to (ignored by MemPalace)."""
     conn.execute(HEALTH_SCHEMA)
