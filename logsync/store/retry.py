@@ -132,10 +132,12 @@ def retry_quarantine(
     # artifacts first, as a page applies them: an op held for one may then apply
     for row in (r for r in rows if r.kind == "artifact"):
         judge.artifact(row, entry(row.origin))
-    events = [r for r in rows if r.kind != "artifact"]
-    for key in sorted({r.origin for r in events}, key=lambda o: (o is None, o or "")):
-        mine = sorted((r for r in events if r.origin == key),
-                      key=lambda r: (r.seq is None, r.seq or 0, r.row_id))
+    by_origin: dict[str | None, list[_Row]] = {}
+    for row in rows:
+        if row.kind != "artifact":
+            by_origin.setdefault(row.origin, []).append(row)
+    for key in sorted(by_origin, key=lambda o: (o is None, o or "")):
+        mine = sorted(by_origin[key], key=lambda r: (r.seq is None, r.seq or 0, r.row_id))
         judge.origin(key, mine, entry(key))
     return report
 
