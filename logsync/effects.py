@@ -44,6 +44,8 @@ class StoreLike(Protocol):
 
     def record_divergence(self, **found: Any) -> int: ...
 
+    def adopt_tip_signatures(self, points: Sequence[tuple[str, int, bytes, bytes]]) -> int: ...
+
 
 @dataclass(frozen=True)
 class ReadVector:
@@ -113,6 +115,14 @@ class RecordDivergence:
 
 
 @dataclass(frozen=True)
+class AdoptTipSignatures:
+    """Store the origin's signatures of tips we hold unsigned with the same digest
+    (`Store.adopt_tip_signatures`); answered by how many were taken."""
+
+    points: tuple[tuple[str, int, bytes, bytes], ...]  # (origin, seq, digest, signature)
+
+
+@dataclass(frozen=True)
 class ServePushPage:
     """Our page of `origin` above `after` to push, encoded (`responder.push_page`)."""
 
@@ -124,9 +134,9 @@ class ServePushPage:
 
 
 StoreEffect = (ReadVector | ReadOwnSeen | MissingArtifacts | ApplyPage | ReadDigests | ReadOps
-               | RecordDivergence | PinKeys | ServePushPage)
+               | RecordDivergence | PinKeys | ServePushPage | AdoptTipSignatures)
 STORE_EFFECTS = (ReadVector, ReadOwnSeen, MissingArtifacts, ApplyPage, ReadDigests, ReadOps,
-                 RecordDivergence, PinKeys, ServePushPage)
+                 RecordDivergence, PinKeys, ServePushPage, AdoptTipSignatures)
 
 
 def perform(store: StoreLike, effect: StoreEffect) -> Any:
@@ -147,6 +157,8 @@ def perform(store: StoreLike, effect: StoreEffect) -> Any:
     if isinstance(effect, ReadOps):
         return store.list_ops(effect.origin, effect.after, effect.limit,
                               max_limit=effect.limit)
+    if isinstance(effect, AdoptTipSignatures):
+        return store.adopt_tip_signatures(effect.points)
     if isinstance(effect, ServePushPage):
         return push_page(store, effect.origin, effect.after, effect.limit, effect.max_bytes,
                          effect.sender)

@@ -50,8 +50,10 @@ Rules of a round:
 8. Divergence is never silent (`logsync/divergence.py`). With a peer that speaks
    `chain`, its tip of each origin it is not ahead on is compared with our chain at that
    seq, and each page applies only if its `prev` is our chain at `after`; a difference
-   is searched out and recorded, never applied. Without chains, an origin's first page
-   overlaps our top by one op, which the store compares byte for byte.
+   is searched out and recorded, never applied. Where the tips are equal and the peer
+   holds the origin's signature of it, we take that signature if we lack it (verified).
+   Without chains, an origin's first page overlaps our top by one op, which the store
+   compares byte for byte.
 
 The wire (request steps, answer checks, extension names) is `logsync/wire.py`;
 when to pull is `logsync/schedule.py`. Both are re-exported here.
@@ -64,6 +66,7 @@ from typing import Any
 
 from logsync.divergence import MAX_SEARCHES_PER_ROUND, investigate
 from logsync.effects import (
+    AdoptTipSignatures,
     ApplyPage,
     PinKeys,
     ReadDigests,
@@ -240,6 +243,11 @@ def _compare_tips(
     points = tuple((o, tip[0]) for o, tip in sorted(remote.tips.items())
                    if o not in pulled and tip[0] <= local.get(o, 0))
     ours = (yield ReadDigests(points)) if points else []
+    adopt = tuple((origin, seq, mine, remote.tip_sigs[origin])
+                  for (origin, seq), mine in zip(points, ours, strict=True)
+                  if mine == remote.tips[origin][1] and origin in remote.tip_sigs)
+    if adopt:  # the same chain, signed there: a relay that got it unsigned can serve it on
+        report.tip_signatures += yield AdoptTipSignatures(adopt)
     for (origin, seq), mine in zip(points, ours, strict=True):
         if mine == remote.tips[origin][1]:
             continue

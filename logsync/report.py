@@ -70,6 +70,7 @@ class RoundReport:
     bytes_received: int = 0
     ops_budget: int = MAX_OPS_PER_ROUND
     transient_streak: int = 0
+    tip_signatures: int = 0  # tip signatures adopted from the peer (engine rule 8)
     searches: int = 0  # divergence searches this round (`divergence.MAX_SEARCHES_PER_ROUND`)
     key_changes: list[str] = field(default_factory=list)  # origins whose key the peer changed
     # Seconds from asking for a page to its apply's end, per page (the driver times them;

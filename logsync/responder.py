@@ -29,6 +29,7 @@ from logsync.wire import (
     ADVERTISED_MAX_PAGE,
     ADVERTISED_MAX_PAGE_BYTES,
     ADVERTISED_MAX_PUSH_BYTES,
+    ADVERTISED_TIP_SIGS,
     ADVERTISED_TIPS,
     ADVERTISEMENT_KEY,
     DIGESTS_PATH,
@@ -129,8 +130,10 @@ def _vector(
     advert = profile.advertisement()
     if advert is not None:
         if EXT_CHAIN in profile.extensions:
-            advert[ADVERTISED_TIPS] = {o: [seq, digest.hex()]
-                                       for o, (seq, digest) in store.chain_tips(held).items()}
+            tips = store.chain_tips(held)
+            advert[ADVERTISED_TIPS] = {o: [seq, digest.hex()] for o, (seq, digest) in tips.items()}
+            advert[ADVERTISED_TIP_SIGS] = {o: sig.hex() for o, sig in
+                                           store.tip_signatures(tips).items()}
             advert[ADVERTISED_KEYS] = {o: key.hex() for o, key in store.public_keys().items()
                                        if held.get(o)}  # only origins we hold ops of
         body[ADVERTISEMENT_KEY] = advert

@@ -33,6 +33,11 @@ EXT_LARGE_PAGES = "large_pages"
 # the chain at given seqs (the divergence search, `logsync/divergence.py`).
 EXT_CHAIN = "chain"
 ADVERTISED_TIPS = "tips"
+# ... and `"tip_sigs": {origin: signature hex}`, the origin's signature of its tip where
+# the server holds one: a replica holding the same chain without it (ops that came
+# through a MemPalace hub, which cannot carry signatures) adopts it, so it can serve
+# the origin on to peers that verify (`Store.adopt_tip_signatures`).
+ADVERTISED_TIP_SIGS = "tip_sigs"
 # ... and `"keys": {origin: public key hex}`, every origin key the server knows (its own
 # and those it pinned), so keys spread with the ops they sign (`logsync/pagechain.py`).
 ADVERTISED_KEYS = "keys"
@@ -139,6 +144,16 @@ def parse_tips(answer: Mapping[str, Any]) -> dict[str, tuple[int, bytes]]:
     return tips
 
 
+def parse_tip_signatures(answer: Mapping[str, Any]) -> dict[str, bytes]:
+    """The advertised tip signatures (64 bytes each); malformed entries are left out."""
+    advert = answer.get(ADVERTISEMENT_KEY)
+    raw = advert.get(ADVERTISED_TIP_SIGS) if isinstance(advert, dict) else None
+    if not isinstance(raw, dict):
+        return {}
+    sigs = {o: parse_digest(sig, 64) for o, sig in raw.items() if is_replica_id(o)}
+    return {origin: sig for origin, sig in sigs.items() if sig is not None}
+
+
 def parse_keys(answer: Mapping[str, Any]) -> dict[str, bytes]:
     """The advertised origin keys (32 bytes each); malformed entries are left out."""
     advert = answer.get(ADVERTISEMENT_KEY)
@@ -199,6 +214,7 @@ class PeerVector:
     skipped_origins: dict[str, str]
     tips: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     keys: dict[str, bytes] = field(default_factory=dict)
+    tip_sigs: dict[str, bytes] = field(default_factory=dict)
 
 
 def parse_vector_answer(answer: object, peer: str) -> PeerVector:
@@ -232,6 +248,7 @@ def parse_vector_answer(answer: object, peer: str) -> PeerVector:
         skipped_origins=skipped,
         tips=parse_tips(answer),
         keys=parse_keys(answer),
+        tip_sigs=parse_tip_signatures(answer),
     )
 
 

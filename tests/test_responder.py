@@ -77,6 +77,7 @@ def test_a_logsync_profile_advertises_its_extensions_and_limits(store: Store) ->
         "max_page_bytes": 1234,
         "tips": {store.replica_id: [2, store.chain_digest(store.replica_id, 2).hex()]},
         "keys": {store.replica_id: store.public_key.hex()},
+        "tip_sigs": {store.replica_id: store.chain_signatures(store.replica_id, [2])[2].hex()},
     }
     ext = parse_extensions(body)
     assert (ext.msgpack, ext.inline_artifacts, ext.max_page_limit, ext.page_budget,

@@ -285,6 +285,7 @@ async def test_version_vector_shape_and_advertisement(store: Store) -> None:
         "max_push_bytes": 32 * 1024 * 1024,
         "tips": {store.replica_id: [3, store.chain_digest(store.replica_id, 3).hex()]},
         "keys": {store.replica_id: store.public_key.hex()},
+        "tip_sigs": {store.replica_id: store.chain_signatures(store.replica_id, [3])[3].hex()},
     }
     ext = parse_extensions(body)
     assert (ext.msgpack, ext.inline_artifacts, ext.max_page_limit) == (True, True, 2000)

@@ -18,7 +18,7 @@ from typing import Any
 from logsync import model
 from logsync.chain import chain_start
 from logsync.errors import StoreError, ValidationError
-from logsync.keys import sign_digest
+from logsync.keys import sign_digest, verify_digest
 from logsync.pagechain import CHECKPOINT, UNSIGNED, PageProof, verify_page
 from logsync.store.apply import ApplyResult, apply_page, stored_row
 from logsync.store.chaining import repair_origin
@@ -38,6 +38,7 @@ TIP_SQL = (
 # The ops of each side recorded per divergence (the first differing ones), so a long
 # fork costs a bounded ledger, and the rest is found again by the next search.
 MAX_FORKS_RECORDED = 500
+MAX_TIP_SIGNATURES = 4096  # per vector answer: a huge one costs a bounded apply
 MAX_KEY_CHANGES_RECORDED = 16  # per vector answer: a peer inventing keys cannot flood the ledger
 
 
@@ -311,6 +312,39 @@ class ChainViews:
         if origin != self.replica_id or key is None:  # type: ignore[attr-defined]
             return None
         return lambda digest: sign_digest(key, digest)
+
+    def tip_signatures(self, tips: Mapping[str, tuple[int, bytes]]) -> dict[str, bytes]:
+        """The signature we hold of each tip in `tips` (from `chain_tips`), if any."""
+        def read(conn: sqlite3.Connection) -> dict[str, bytes]:
+            out = {}
+            for origin, (seq, _digest) in tips.items():
+                held = signatures_of(conn, origin, [seq])
+                if seq in held:
+                    out[origin] = held[seq]
+            return out
+        return self._guarded(read)
+
+    def adopt_tip_signatures(self, points: Sequence[tuple[str, int, bytes, bytes]]) -> int:
+        """Take a peer's signatures of chain points we hold unsigned: each only if its
+        origin's key is known, our digest at that seq is the signed one and the signature
+        verifies; returns how many were taken. Ops that reached us through a hub (which
+        cannot carry signatures) thus become servable to peers that verify."""
+        if self.read_only or not points:  # type: ignore[attr-defined]
+            return 0
+        with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
+            taken = []
+            for origin, seq, digest, signature in points[:MAX_TIP_SIGNATURES]:
+                key = known_key(conn, origin)
+                if key is None or seq in signatures_of(conn, origin, [seq]):
+                    continue
+                if digests_at(conn, origin, [seq])[0] != digest:
+                    continue
+                if verify_digest(key, digest, signature):
+                    taken.append((signature, origin, seq, digest))
+            conn.executemany(
+                "UPDATE logsync_chain SET signature = ? WHERE origin = ? AND origin_seq = ? "
+                "AND digest = ?", taken)
+            return len(taken)
 
     def chain_signatures(self, origin: str, seqs: Sequence[int]) -> dict[int, bytes]:
         """The signatures we hold for these ops of `origin`."""
