@@ -608,6 +608,7 @@ async def test_statusz_and_metrics(store: Store) -> None:
     assert "logsync_store_events 4.0" in text
     assert "logsync_store_artifacts 1.0" in text
     assert "logsync_store_quarantined 0.0" in text
+    assert "\nlogsync_conflicts 0.0" in text and "\nlogsync_quarantined 0.0" in text
     assert 'logsync_http_requests_total{route="/sync/ops",status="200"} 1.0' in text
     assert 'logsync_http_requests_total{route="/sync/ops",status="400"} 1.0' in text
     assert 'logsync_http_requests_total{route="other",status="404"} 1.0' in text

@@ -89,25 +89,33 @@ class _StoreCollector:
     """Store counts read at scrape time (the scrape runs in a worker thread)."""
 
     NAMES = ("events", "artifacts", "conflicts", "quarantined")
+    # the operator's two ledgers also under the short names dashboards look for first;
+    # `logsync_conflicts_unreviewed` where the store counts reviews
+    SHORT = {"logsync_conflicts": "conflicts", "logsync_quarantined": "quarantined",
+             "logsync_conflicts_unreviewed": "conflicts_unreviewed"}
 
     def __init__(self, server: _Server) -> None:
         self._server = server
 
     def describe(self) -> list[GaugeMetricFamily]:
-        return [self._family(name) for name in self.NAMES]
+        return [self._family(f"logsync_store_{name}", name) for name in self.NAMES] + [
+            self._family(metric, name) for metric, name in self.SHORT.items()]
 
     def collect(self) -> list[GaugeMetricFamily]:
         counts = self._server.store_now().counts()
         families = []
-        for name in self.NAMES:
-            family = self._family(name)
+        named = [(f"logsync_store_{name}", name) for name in self.NAMES]
+        for metric, name in named + list(self.SHORT.items()):
+            if name not in counts and metric not in dict(named):
+                continue
+            family = self._family(metric, name)
             family.add_metric([], float(counts.get(name, 0)))
             families.append(family)
         return families
 
     @staticmethod
-    def _family(name: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(f"logsync_store_{name}", f"{name} held in this replica's store")
+    def _family(metric: str, name: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(metric, f"{name} held in this replica's store")
 
 
 @dataclass(frozen=True)
