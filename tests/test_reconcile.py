@@ -127,3 +127,20 @@ def _answers(url: str) -> bool:
         return httpx.get(url + "/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_status_stops_warning_about_conflicts_once_reviewed(tmp_path: Path) -> None:
+    from tests.conftest import RemoteKit
+
+    kit, palace = RemoteKit(), tmp_path / "p"
+    with Store.open(palace) as store:
+        origin = kit.origin(7)
+        store.apply_remote([kit.op(origin, 1)])
+        store.apply_remote([kit.op(origin, 1, body="another op 1")])  # a fork: recorded
+        assert store.counts()["conflicts"] == 1
+    before = run(palace, "status", check=False)
+    assert before.returncode == 0 and "1 conflicts not reviewed" in before.stderr
+    assert json.loads(run(palace, "status", "--json").stdout)["conflicts_unreviewed"] == 1
+    run(palace, "conflicts", "review", "--all")
+    after = run(palace, "status")
+    assert "not reviewed: see" not in after.stderr and "(0 not reviewed)" in after.stdout

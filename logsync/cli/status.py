@@ -49,7 +49,7 @@ def status_cmd(ctx: click.Context, as_json: bool, cached: bool, deadline_s: floa
     with open_store(ctx, read_only=True) as store:
         local = store.version_vector()
         payload: dict[str, Any] = {"replica_id": store.replica_id, "palace": str(palace),
-                                   "version_vector": local, **store.counts(),
+                                   "version_vector": local, **store.counts(unreviewed=True),
                                    "signing": {o: s.to_json() for o, s in
                                                read_signing_states(store).items()}}
     book = PeerBook.load(palace)

@@ -102,7 +102,7 @@ class _StoreCollector:
             self._family(metric, name) for metric, name in self.SHORT.items()]
 
     def collect(self) -> list[GaugeMetricFamily]:
-        counts = self._server.store_now().counts()
+        counts = self._server.store_now().counts(unreviewed=True)
         families = []
         named = [(f"logsync_store_{name}", name) for name in self.NAMES]
         for metric, name in named + list(self.SHORT.items()):
