@@ -65,5 +65,18 @@ def test_the_cli_never_prints_tokens(tmp_path: Path) -> None:
     assert added.exit_code == 0 and "s3cret" not in added.output
     listed = runner.invoke(cli, [*base, "peers", "list", "--json"])
     assert json.loads(listed.output) == {
-        "peers": [{"name": "a", "url": "http://127.0.0.1:9", "token_set": True}]}
+        "peers": [{"name": "a", "url": "http://127.0.0.1:9", "token_set": True, "push": False}]}
     assert "s3cret" not in runner.invoke(cli, [*base, "status"]).output
+
+
+def test_push_is_a_checked_flag_of_peers_json(tmp_path: Path) -> None:
+    runner = CliRunner()
+    base = ["--palace", str(tmp_path)]
+    added = runner.invoke(cli, [*base, "peers", "add", "desk", "http://127.0.0.1:9", "--push"])
+    assert added.exit_code == 0 and "(push)" in added.output
+    assert json.loads((tmp_path / "peers.json").read_text())["peers"][0]["push"] is True
+    assert peers.load_peers(tmp_path)[0].push is True
+    (tmp_path / "peers.json").write_text(json.dumps(
+        {"peers": [{"name": "desk", "url": "http://127.0.0.1:9", "push": "yes"}]}))
+    with pytest.raises(ConfigError, match=r"peers\[0\].push='yes' must be true or false"):
+        peers.load_peers(tmp_path)

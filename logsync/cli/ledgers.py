@@ -30,18 +30,22 @@ def peers_group() -> None:
 @click.argument("name")
 @click.argument("url")
 @click.option("--token", help="Bearer token for this peer.")
+@click.option("--push", is_flag=True, help="Push to this peer whenever our log changes (for a "
+              "peer that cannot reach us, e.g. we are behind NAT); it must take pushes.")
 @json_option
 @click.pass_context
 @handles_errors
-def peers_add(ctx: click.Context, as_json: bool, name: str, url: str, token: str | None) -> None:
+def peers_add(ctx: click.Context, as_json: bool, name: str, url: str, token: str | None,
+              push: bool) -> None:
     """Add (or replace) peer NAME at URL.
 
     Example:
 
     \b
       logsync peers add hub http://hub.example:8080 --token secret
+      logsync peers add desk https://desk.lan:8742 --token T --push
     """
-    peer = peers_mod.add_peer(palace_of(ctx), name, url, token)
+    peer = peers_mod.add_peer(palace_of(ctx), name, url, token, push=push)
     _print_peers([peer], as_json, "Added")
 
 
@@ -78,15 +82,16 @@ def peers_list(ctx: click.Context, as_json: bool) -> None:
 
 
 def _print_peers(peers: list[peers_mod.Peer], as_json: bool, verb: str | None) -> None:
-    public = [{"name": p.name, "url": peers_mod.redact_url(p.url), "token_set": bool(p.token)}
-              for p in peers]
+    public = [{"name": p.name, "url": peers_mod.redact_url(p.url), "token_set": bool(p.token),
+               "push": p.push} for p in peers]
     if as_json:
         emit_json({"peers": public} if verb is None else public[0])
         return
     for entry in public:
         prefix = f"{verb} " if verb else ""
         auth = " (token set)" if entry["token_set"] else ""
-        click.echo(f"{prefix}{entry['name'] or '-'}  {entry['url']}{auth}")
+        push = " (push)" if entry["push"] else ""
+        click.echo(f"{prefix}{entry['name'] or '-'}  {entry['url']}{auth}{push}")
     if verb is None and not public:
         click.echo("no peers configured")
 

@@ -23,22 +23,31 @@ from logsync.peerstate import PeerBook
 from logsync.store import Store
 
 
-@cli.command("serve")
+@cli.command("serve", epilog="""\b
+Examples:
+  logsync serve                                    # loopback, the default palace
+  logsync --palace ~/palace serve --host 0.0.0.0 --token "$T" --tls-cert c.pem --tls-key k.pem
+
+Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is saved.""")
 @click.option("--palace", "serve_palace", type=click.Path(file_okay=False),
               help="Palace directory (as upstream's `serve --palace`; overrides the global one).")
-@click.option("--host", default=DEFAULT_HOST, show_default=True)
-@click.option("--port", type=int, default=DEFAULT_PORT, show_default=True)
+@click.option("--host", default=DEFAULT_HOST, show_default=True,
+              help="Address to bind; anything but loopback needs --token.")
+@click.option("--port", type=int, default=DEFAULT_PORT, show_default=True,
+              help="Port to bind (0: any free port, printed at start).")
 @click.option("--token", envvar="LOGSYNC_TOKEN", help="Bearer token (env LOGSYNC_TOKEN); "
               "required for a non-loopback bind.")
 @click.option("--interval", type=float, default=DEFAULT_INTERVAL_S, show_default=True,
               help="Anti-entropy interval in seconds (jittered).")
-@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False))
-@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False))
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False),
+              help="Serve https with this certificate (PEM; with --tls-key).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False),
+              help="The private key of --tls-cert (PEM).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
               help="CA bundle for verifying https peers.")
 @click.option("--no-notify", is_flag=True, help="Do not follow peers' /logstream/stream.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True)
+              default="info", show_default=True, help="How much the daemon logs (stderr).")
 @json_option
 @click.pass_context
 @handles_errors
