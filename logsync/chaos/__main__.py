@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     print(result.line())
     print(f"run directory {result.out} (verdict.json, timeline.png, timeline.jsonl, logs/); "
           f"{time.monotonic() - began:.0f} s")
+    source = result.summary.get("source") or {}
+    print(f"source: commit {source.get('commit') or '?'}"
+          + (" with uncommitted changes under logsync/ (not replayable as such)"
+             if source.get("dirty") else ""))
     if not result.ok:
         for rnd in result.summary["rounds"]:
             for problem in rnd["verdict"]["problems"][:8]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import shlex
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 from logsync.chaos import netns
 from logsync.chaos.checker import check, read_replica, wait_converged
 from logsync.chaos.cluster import Cluster, ClusterConfig, edges
+from logsync.chaos.interop import REPO_ROOT
 from logsync.chaos.interop import hub as H
 from logsync.chaos.nemesis import Nemesis, heal_all
 from logsync.chaos.report import plot, write_json
@@ -192,6 +194,23 @@ def _ran(timeline: Timeline, round_no: int, count: int,
     return out
 
 
+def source_of_checkout() -> dict[str, Any]:
+    """The commit the daemons ran and whether the checkout had uncommitted changes: a run
+    from a tree someone is editing can load half an edit into a restarted daemon (a soak
+    once did), so a verdict says what it judged."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True,
+                                  text=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no", "--", "logsync")
+    return {"commit": git("rev-parse", "HEAD"),
+            "dirty": None if status is None else bool(status)}
+
+
 def _summary(cfg: RunConfig, cluster: Cluster, workload: Workload, rounds: list[dict],
              problems: list[str], leftovers: list[str]) -> dict[str, Any]:
     times = [r["convergence_s"] for r in rounds if r["convergence_s"] is not None]
@@ -216,5 +235,6 @@ def _summary(cfg: RunConfig, cluster: Cluster, workload: Workload, rounds: list[
         "faults": {k: sum(1 for r in rounds for f in r["faults"] if f["kind"] == k)
                    for k in sorted({f["kind"] for r in rounds for f in r["faults"]})},
         "cleanup_problems": problems, "leftovers": leftovers, "swept_at_start": cluster.swept,
+        "source": source_of_checkout(),
         "rounds": rounds, "history": [o.as_dict() for o in history],
     }
