@@ -164,6 +164,8 @@ def test_logsync_pulls_a_hub_verbatim_and_a_second_sync_pulls_nothing(lab: Lab) 
     palace = lab.palace("logsync")
     stats = lab.ls.sync(palace, hub.url, hub.token)
     check_stats(stats, hub, len(expected.events), len(expected.artifacts))
+    # sync pulls, then would push: a hub takes no pushes, which the stats say (it must pull)
+    assert stats[0]["push"]["supported"] is False and stats[0]["push"]["pushed_events"] == 0
     assert_same_replica_content(expected, logsync_snapshot(palace, "logsync replica"))
     with Store.open(palace) as store:
         assert store.version_vector() == hub.version_vector()
