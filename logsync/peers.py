@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from logsync.errors import ConfigError, NotFoundError, ValidationError
-from logsync.files import write_atomic
+from logsync.files import make_private_dir, write_atomic
 
 PEERS_FILENAME = "peers.json"
 
@@ -176,7 +176,7 @@ def _peer_from(entry: object, path: Path, index: int) -> Peer:
 def save_peers(palace: Path, peers: list[Peer]) -> Path:
     """Atomic, 0600: the file holds bearer tokens."""
     path = peers_path(palace)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)  # 0700 if made here; an existing one keeps its mode
     write_atomic(path, json.dumps({"peers": [p.to_json() for p in peers]}, indent=2) + "\n")
     return path
 

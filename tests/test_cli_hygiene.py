@@ -178,7 +178,16 @@ def test_writes_and_init_keep_an_existing_palace_mode(shared_palace: Path) -> No
     assert invoke(shared_palace, "init").exit_code == 0
     assert invoke(shared_palace, "artifact", "put", "--kind", "note", "--created-by", "a",
                   "--content", "x").exit_code == 0
+    assert invoke(shared_palace, "peers", "add", "b", "http://127.0.0.1:9").exit_code == 0
     assert mode(shared_palace) == 0o755
+
+
+def test_peers_add_on_a_missing_palace_makes_its_directory_0700(tmp_path: Path) -> None:
+    """As the README's two-daemon example would, were `init` left out: `serve` then puts
+    the store and key in the directory `peers add` made."""
+    palace = tmp_path / "new" / "palace"
+    assert invoke(palace, "peers", "add", "b", "http://127.0.0.1:9").exit_code == 0
+    assert mode(palace) == 0o700 and not (palace / DB_FILENAME).exists()
 
 
 # ── errors go to stderr ─────────────────────────────────────────────────────
@@ -228,9 +237,9 @@ def commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[
 
 
 def examples(command: click.Command) -> list[list[str]]:
-    """The `logsync …` lines after 'Example' in a command's help (a trailing backslash
-    continues a line; a pipe or && ends it), as argv lists without `logsync`."""
-    text = command.help or ""
+    """The `logsync …` lines after 'Example' in a command's help or epilog (a trailing
+    backslash continues a line; a pipe, && or # ends it), as argv lists without `logsync`."""
+    text = f"{command.help or ''}\n{command.epilog or ''}"
     if "Example" not in text:
         return []
     lines: list[str] = []
@@ -246,7 +255,7 @@ def examples(command: click.Command) -> list[list[str]]:
         tail = line[line.index("logsync ") + len("logsync "):]
         for stop in (" | ", " && "):
             tail = tail.split(stop)[0]
-        found.append(shlex.split(tail))
+        found.append(shlex.split(tail, comments=True))
     return found
 
 
