@@ -49,6 +49,9 @@ MAX_DIGESTS_PER_REQUEST = 64
 EXT_PUSH = "push"
 PUSH_PATH = "/sync/push"
 ADVERTISED_MAX_PUSH_BYTES = "max_push_bytes"
+# Snapshot join (`logsync/snapshot/`, RFC 004 §4.11): `GET /sync/snapshot` streams a
+# consistent copy of the whole store to a replica whose store is empty.
+EXT_SNAPSHOT = "snapshot"
 ADVERTISED_MAX_PAGE = "max_page"
 ADVERTISED_MAX_PAGE_BYTES = "max_page_bytes"
 # `/sync/ops?...&ext=a,b` asks for extensions; `inline_artifacts` adds
@@ -94,6 +97,7 @@ class Extensions:
     chain: bool = False
     push: bool = False  # the peer takes `POST /sync/push` (never used by a pull)
     max_push_bytes: int = 0
+    snapshot: bool = False  # the peer serves `GET /sync/snapshot` (used only to join)
 
     def names(self) -> list[str]:
         used = [EXT_MSGPACK] if self.msgpack else []
@@ -123,6 +127,7 @@ def parse_extensions(answer: Mapping[str, Any]) -> Extensions:
         chain=EXT_CHAIN in names,
         push=push,
         max_push_bytes=push_bytes if push else 0,
+        snapshot=EXT_SNAPSHOT in names,
     )
 
 

@@ -411,11 +411,12 @@ def _requests(store: Store, origin: str, art_id: str) -> list[tuple[str, dict[st
 
 def _without_push(body: dict) -> None:
     """The server advertises `push` because it has a token (pushes need an authenticated
-    peer); the simulated and fake peers take no pushes. Everything else must match."""
+    peer), and `snapshot`, a file only HTTP serves (RFC 004 §4.11); the simulated and
+    fake peers take no pushes and serve no snapshot. Everything else must match."""
     advert = body.get("logsync")
     if isinstance(advert, dict):
-        assert advert["extensions"][-1] == "push"
-        advert["extensions"] = advert["extensions"][:-1]
+        assert advert["extensions"][-2:] == ["push", "snapshot"]
+        advert["extensions"] = advert["extensions"][:-2]
         assert advert.pop("max_push_bytes") > 0
 
 

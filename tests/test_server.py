@@ -279,7 +279,8 @@ async def test_version_vector_shape_and_advertisement(store: Store) -> None:
     assert body["profiles"] == {store.replica_id: body["profile"]}
     assert body["logsync"] == {
         "version": __version__,
-        "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify", "chain", "push"],
+        "extensions": ["msgpack", "large_pages", "inline_artifacts", "notify", "chain", "push",
+                       "snapshot"],
         "max_page": 2000,
         "max_page_bytes": 8 * 1024 * 1024,
         "max_push_bytes": 32 * 1024 * 1024,

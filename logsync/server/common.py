@@ -24,7 +24,7 @@ from logsync.server.stream import (
     ChangeNotifier,
     _LatestProbe,
 )
-from logsync.wire import EXT_PUSH, PUSH_PATH, UPSTREAM_PAGE_LIMIT
+from logsync.wire import EXT_PUSH, EXT_SNAPSHOT, PUSH_PATH, UPSTREAM_PAGE_LIMIT
 
 logger = logging.getLogger("logsync.server")
 
@@ -61,6 +61,7 @@ ROUTES = (
     "/sync/artifact",
     "/sync/digests",
     "/sync/push",
+    "/sync/snapshot",
     "/sync/peers",
     "/logstream/stream",
     "/",
@@ -182,7 +183,8 @@ class _Server:
         self.cfg = settings
         self.profile = Profile(
             # pushes are taken only from authenticated peers: a server with a token
-            extensions=EXTENSIONS + ((EXT_PUSH,) if settings.token else ()),
+            # a snapshot is a read like /sync/ops: served with or without a token
+            extensions=EXTENSIONS + ((EXT_PUSH,) if settings.token else ()) + (EXT_SNAPSHOT,),
             max_page=settings.max_page,
             max_page_bytes=settings.max_page_bytes,
             inline_artifact_bytes=settings.inline_artifact_bytes,
@@ -200,6 +202,7 @@ class _Server:
         self._shutdown = False
         self.exit_probe: Callable[[], bool] | None = None
         self._unencodable: set[str] = set()
+        self.snapshots: Any = None  # `snapshotroute._State`, made on the first request
         self._crashed_routes: set[str] = set()
         self.started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.started_monotonic = time.monotonic()
@@ -232,6 +235,8 @@ class _Server:
 
     def close(self) -> None:
         """Close a store this app opened itself; a store handed in belongs to the caller."""
+        if self.snapshots is not None:
+            self.snapshots.close()  # the cached copy goes at shutdown
         with self._store_lock:
             if self.owns_store and self._store is not None:
                 self._store.close()

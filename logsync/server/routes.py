@@ -26,9 +26,11 @@ from logsync.server.common import (
     _Server,
 )
 from logsync.server.pushroute import sync_push
+from logsync.server.snapshotroute import sync_snapshot
 from logsync.server.stream import (
     logstream_stream,
 )
+from logsync.snapshot import SNAPSHOT_PATH
 from logsync.wire import EXTENSIONS_PARAM, PUSH_PATH
 
 logger = logging.getLogger("logsync.server")
@@ -227,6 +229,7 @@ _ENDPOINTS = {
     "/sync/artifact": sync_answer,
     "/sync/digests": sync_answer,
     PUSH_PATH: sync_push,
+    SNAPSHOT_PATH: sync_snapshot,
     "/sync/peers": sync_peers,
     "/logstream/stream": logstream_stream,
 }

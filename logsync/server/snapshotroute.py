@@ -1,0 +1,103 @@
+"""`GET /sync/snapshot` (RFC 004 §4.11): HTTP around `logsync.snapshot.making`.
+
+Bounds: one copy is made at a time (an `anyio.Lock`, so waiting requests hold no worker
+thread) and shared by every request while the vector is unchanged; at most
+`MAX_STREAMS` downloads run at once (503 beyond); a download must finish within
+`SEND_BASE_S` plus one second per `MIN_RATE` bytes, or the connection is cut (the server's
+write-stall limit, `limits.WRITE_STALL_S`, already cuts a client that reads nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from logsync.server.common import _error, _Server
+from logsync.snapshot import SHA256_HEADER, SIZE_HEADER, SNAPSHOT_TYPE
+from logsync.snapshot.making import SnapshotCache, SnapshotFile
+
+logger = logging.getLogger("logsync.server")
+
+MAX_STREAMS = 4
+SEND_BASE_S = 60.0
+MIN_RATE = 1024 * 1024  # bytes per second a download must average past SEND_BASE_S
+CHUNK = 256 * 1024
+
+
+class SnapshotStreamTimeout(Exception):
+    """A download ran past its deadline (ends the answer; the Guard logs nothing more)."""
+
+
+async def sync_snapshot(request: Request) -> Response:
+    srv: _Server = request.app.state.logsync
+    state = _state(srv)
+    if state.streams >= MAX_STREAMS:
+        return _error(503, f"{state.streams} snapshot downloads are running, the maximum; "
+                           "retry later", {"Retry-After": "5"})
+    async with state.making:
+        made = await srv.run(lambda store: _current(srv, store))
+    if made is None:
+        return _error(501, "this server's store cannot be copied as a snapshot")
+    try:
+        handle = made.path.open("rb")  # held open: a replaced copy stays readable
+    except OSError as exc:
+        return _error(503, f"the snapshot copy went missing ({exc.strerror}); retry",
+                      {"Retry-After": "1"})
+    preamble = made.preamble()
+    deadline = time.monotonic() + SEND_BASE_S + made.size / MIN_RATE
+    state.streams += 1
+    logger.info("serving a snapshot of %d bytes (%d origins)", made.size, len(made.vector))
+    return StreamingResponse(
+        _body(state, handle, preamble, deadline), media_type=SNAPSHOT_TYPE,
+        headers={"Content-Length": str(len(preamble) + made.size),
+                 SHA256_HEADER: made.sha256, SIZE_HEADER: str(made.size),
+                 "Cache-Control": "no-store"},
+    )
+
+
+class _State:
+    def __init__(self) -> None:
+        self.making = anyio.Lock()
+        self.streams = 0
+        self.cache: SnapshotCache | None = None
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
+
+
+def _state(srv: _Server) -> _State:
+    if srv.snapshots is None:
+        srv.snapshots = _State()
+    return srv.snapshots
+
+
+def _current(srv: _Server, store: object) -> SnapshotFile | None:
+    state = _state(srv)
+    db_path = getattr(store, "db_path", None)
+    if db_path is None:
+        return None
+    if state.cache is None:
+        state.cache = SnapshotCache(db_path, store.replica_id)  # type: ignore[attr-defined]
+    return state.cache.current(store.version_vector())  # type: ignore[attr-defined]
+
+
+async def _body(state: _State, handle: object, preamble: bytes,
+                deadline: float) -> AsyncIterator[bytes]:
+    try:
+        yield preamble
+        while True:
+            if time.monotonic() > deadline:
+                raise SnapshotStreamTimeout("the snapshot download ran past its deadline")
+            chunk = await anyio.to_thread.run_sync(handle.read, CHUNK)  # type: ignore[attr-defined]
+            if not chunk:
+                return
+            yield chunk
+    finally:
+        state.streams -= 1
+        handle.close()  # type: ignore[attr-defined]

@@ -1,0 +1,146 @@
+"""The serving side of `GET /sync/snapshot`: one consistent copy of the store, cached.
+
+The copy is made with SQLite's online backup API from a read connection of its own (one
+read transaction, so it is one consistent state; the live file is never streamed), into
+a temporary file in the palace directory (private, and on the store's disk). The rows
+that are this replica's own (its conflicts, quarantine and health rows) are deleted from
+the copy, and its own keyring row stops saying `self`. The copy is kept while the
+store's version vector is unchanged: at most one file, removed when a newer copy
+replaces it and at close. A stream already reading a replaced file keeps its open
+descriptor, so replacing never cuts a download short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sqlite3
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from logsync.keys import certifies
+from logsync.responder import json_bytes
+from logsync.snapshot import LOCAL_ONLY_TABLES, SERVE_PREFIX, SNAPSHOT_FORMAT
+from logsync.store.faults import BUSY_TIMEOUT_S
+
+HASH_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SnapshotFile:
+    """One finished copy: where it is, what it holds, and its preamble line."""
+
+    path: Path
+    vector: dict[str, int]
+    size: int
+    sha256: str
+    replica_id: str
+
+    def preamble(self) -> bytes:
+        return json_bytes({"format": SNAPSHOT_FORMAT, "replica_id": self.replica_id,
+                           "vector": self.vector, "size": self.size,
+                           "sha256": self.sha256}) + b"\n"
+
+
+class SnapshotCache:
+    """The one cached copy of a store; `current` makes it when the vector moved."""
+
+    def __init__(self, db_path: Path, replica_id: str) -> None:
+        self.db_path = Path(db_path)
+        self.replica_id = replica_id
+        self._file: SnapshotFile | None = None
+        self._lock = threading.Lock()  # guards _file (the route serialises making)
+        self._closed = False
+        remove_stale(self.db_path.parent, SERVE_PREFIX)
+
+    def current(self, vector: dict[str, int]) -> SnapshotFile:
+        """The cached copy if it holds `vector`, else a new one (blocking: call from a
+        worker thread; callers serialise, so concurrent requests share one copy)."""
+        with self._lock:
+            held = self._file
+        if held is not None and held.vector == vector and held.path.exists():
+            return held
+        made = make_copy(self.db_path, self.replica_id)
+        with self._lock:
+            old, self._file = self._file, made
+            if self._closed:
+                self._file = None
+                old = made
+        if old is not None:
+            with contextlib.suppress(OSError):
+                old.path.unlink()
+        return made
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            held, self._file = self._file, None
+        if held is not None:
+            with contextlib.suppress(OSError):
+                held.path.unlink()
+
+
+def remove_stale(directory: Path, prefix: str) -> None:
+    """Temp files of a process that was killed (the name says whose they are)."""
+    with contextlib.suppress(OSError):
+        for entry in directory.iterdir():
+            if entry.name.startswith(prefix):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
+def make_copy(db_path: Path, replica_id: str) -> SnapshotFile:
+    """Back the store up into a temp file, scrub what is local, hash it."""
+    fd, name = tempfile.mkstemp(prefix=SERVE_PREFIX, suffix=".sqlite3", dir=db_path.parent)
+    os.close(fd)
+    path = Path(name)
+    try:
+        source = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True,
+                                 timeout=BUSY_TIMEOUT_S)
+        target = sqlite3.connect(path, isolation_level=None)
+        try:
+            source.backup(target)  # one step: one read transaction, one consistent state
+        finally:
+            source.close()
+        try:
+            scrub(target, replica_id)
+            vector = {str(o): int(top) for o, top in target.execute(
+                "SELECT origin_replica, max(origin_seq) FROM events "
+                "WHERE origin_replica IS NOT NULL GROUP BY origin_replica")}
+        finally:
+            target.close()
+        size, digest = file_digest(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    return SnapshotFile(path, vector, size, digest, replica_id)
+
+
+def scrub(conn: sqlite3.Connection, replica_id: str) -> None:
+    """Delete the source's own rows; its key becomes an ordinary origin key."""
+    conn.execute("PRAGMA journal_mode=DELETE")  # a plain file: no -wal beside it
+    conn.execute("BEGIN IMMEDIATE")
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    for table in LOCAL_ONLY_TABLES:
+        if table in tables:
+            conn.execute(f"DELETE FROM {table}")
+    if "logsync_keys" in tables:
+        for origin, key in conn.execute(
+                "SELECT origin, public_key FROM logsync_keys WHERE source = 'self'").fetchall():
+            kind = "certified" if certifies(str(origin), bytes(key)) else "pinned"
+            conn.execute("UPDATE logsync_keys SET source = ? WHERE origin = ?", (kind, origin))
+    conn.execute("COMMIT")
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    """(size, SHA-256 hex) of a file, read a chunk at a time."""
+    digest, size = hashlib.sha256(), 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
