@@ -79,6 +79,7 @@ class DaemonConfig:
     notifications: bool = True
     log_level: str = "info"
     extra_hosts: tuple[str, ...] = ()
+    snapshot: bool = True  # an empty store joins from a peer's snapshot (RFC 004 §4.11)
 
     def check(self) -> None:
         """Refuse settings that would expose the log or half-configure TLS."""
@@ -432,6 +433,21 @@ def _named(peer: str, message: str) -> str:
     return message if message.startswith(prefix) else prefix + message
 
 
+def join_before_serving(config: DaemonConfig) -> None:
+    """An empty store joins from the first configured peer that serves a snapshot, before
+    the store is opened for serving and pulling (so the rename never races our own
+    connections); any failure is one log line, and the ordinary pulls take over."""
+    from logsync.snapshot.joining import join_if_empty
+
+    try:
+        peers = peers_mod.load_peers(config.palace)
+    except ConfigError:
+        return  # the peer loops report it
+    joined = join_if_empty(config.palace, peers, ca_file=config.ca_file, say=log.warning)
+    if joined is not None:
+        log.info("%s", joined.line())
+
+
 def serve(config: DaemonConfig, announce: Callable[[str], None] | None = None) -> None:
     """Run a daemon until a signal stops it (blocking).
 
@@ -444,6 +460,8 @@ def serve(config: DaemonConfig, announce: Callable[[str], None] | None = None) -
     check_tls(config.tls_cert, config.tls_key)
     sock = listen_socket(config.host, config.port)
     try:
+        if config.snapshot:
+            join_before_serving(config)
         daemon = Daemon(config)
     except BaseException:
         sock.close()

@@ -46,6 +46,8 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
               help="CA bundle for verifying https peers.")
 @click.option("--no-notify", is_flag=True, help="Do not follow peers' /logstream/stream.")
+@click.option("--no-snapshot", is_flag=True, help="An empty store pulls op by op instead of "
+              "joining from a peer's snapshot.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True, help="How much the daemon logs (stderr).")
 @json_option
@@ -54,7 +56,7 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
 def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host: str,
               port: int, token: str | None,
               interval: float, tls_cert: str | None, tls_key: str | None, ca_file: str | None,
-              no_notify: bool, log_level: str) -> None:
+              no_notify: bool, no_snapshot: bool, log_level: str) -> None:
     """Serve this palace over /sync/* and pull from every peer in peers.json."""
     from logsync.daemon import DaemonConfig, serve  # the server stack loads only here
 
@@ -66,7 +68,7 @@ def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host:
         palace=Path(serve_palace).expanduser() if serve_palace else palace_of(ctx),
         host=host, port=port, token=peers_mod.check_token(token, "--token (or LOGSYNC_TOKEN)"),
         interval=interval, tls_cert=tls_cert, tls_key=tls_key, ca_file=ca_file,
-        notifications=not no_notify, log_level=log_level,
+        notifications=not no_notify, log_level=log_level, snapshot=not no_snapshot,
     )
     config.check()
 
@@ -92,11 +94,14 @@ Exit status: 0 every peer done both ways, 1 a peer or an origin failed.""")
               help="Per-request timeout in seconds.")
 @click.option("--pull-only", is_flag=True, help="Only pull what the peer holds and we lack.")
 @click.option("--push-only", is_flag=True, help="Only push what we hold and the peer lacks.")
+@click.option("--no-snapshot", is_flag=True, help="An empty store pulls op by op instead of "
+              "joining from a peer's snapshot.")
 @json_option
 @click.pass_context
 @handles_errors
 def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str | None,
-             ca_file: str | None, timeout: float, pull_only: bool, push_only: bool) -> None:
+             ca_file: str | None, timeout: float, pull_only: bool, push_only: bool,
+             no_snapshot: bool) -> None:
     """Reconcile with one peer or every configured peer: pull what they hold that we
     lack, then push what we hold that they lack (to a peer that takes pushes: a logsync
     daemon with a token; a MemPalace hub must pull from us instead)."""
@@ -112,11 +117,22 @@ def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str
             raise ConfigError(f"no peers configured ({peers_mod.peers_path(palace)}) "
                               "and no --peer given")
     terminal = not as_json and sys.stderr.isatty()
+    joined = None
+    if not (no_snapshot or push_only):
+        from logsync.snapshot.joining import join_if_empty
+
+        joined = join_if_empty(palace, targets, ca_file=ca_file, timeout=timeout,
+                               say=lambda line: click.echo(f"  {line}", err=True))
+        if joined is not None and not as_json:
+            click.echo(f"  {joined.line()}")
     with open_store(ctx) as store:
         results = [_sync_one(store, p, ca_file, timeout, terminal, pull=not push_only,
                              push=not pull_only) for p in targets]
         _record(palace, targets, results, peer_url is None)
     stats = [r["stats"] for r in results]
+    for entry in stats:
+        if joined is not None and entry.get("peer_name") == joined.peer:
+            entry["snapshot"] = joined.as_dict()
     if as_json:
         emit_json(stats)
     else:

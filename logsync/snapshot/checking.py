@@ -1,0 +1,189 @@
+"""The joiner's checks of a downloaded snapshot (RFC 004 §4.11), before anything is installed.
+
+One copy of each rule: the schema is compared with what `schema.migrate` creates, the
+chains, signatures and artifact hashes are `store/audit.py`'s (`logsync verify`). What
+only a whole-file copy needs is here: SQLite's integrity check, no triggers or views, no
+conflict or quarantine rows, the vector the preamble names, no op of the joiner's own
+origin (recovering those is the ordinary pull's job, §1.1), and every signed origin
+gap-free (logsync authors count 1, 2, 3 ...; upstream origins have gaps, §3.3).
+
+Keys follow the pull's rule (§4.9), not the source's word: a key is kept only when the
+origin's id certifies it, or it is the serving peer's own (pinned, trust on first use).
+Signatures of an origin left without a key are dropped, and so are those a puller would
+never have stored (neither at a checkpoint nor the origin's highest signed op), since
+the audit verifies exactly those. Then the joiner's own key is recorded as `self`.
+Every failure raises `SnapshotRefused` with one sentence.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from logsync.keys import certifies
+from logsync.pagechain import CHECKPOINT
+from logsync.snapshot import LOCAL_ONLY_TABLES, SnapshotRefused
+from logsync.store.audit import AuditReport, audit_store
+from logsync.store.schema import migrate, schema_problem
+from logsync.store.signing_state import SIGNED_TO_SQL
+
+ORIGINS_VECTOR_SQL = (
+    "SELECT origin_replica, max(origin_seq), min(origin_seq), count(*) FROM events "
+    "GROUP BY origin_replica"
+)
+
+
+def reference_schema() -> tuple[dict[str, set[str]], set[str]]:
+    """The tables (with their columns) and indexes a current logsync store has."""
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    try:
+        migrate(conn, "rep_000000000000")
+        return _tables(conn), _indexes(conn)
+    finally:
+        conn.close()
+
+
+def _tables(conn: sqlite3.Connection) -> dict[str, set[str]]:
+    names = [r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+    return {n: {r[1] for r in conn.execute(f'PRAGMA table_info("{n}")')} for n in names}
+
+
+def _indexes(conn: sqlite3.Connection) -> set[str]:
+    return {r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_%'")}
+
+
+def check_readonly(path: Path, vector: Mapping[str, int], own_id: str) -> None:
+    """The checks that need no write: integrity, schema, local rows, vector, own origin."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+    try:
+        verdict = conn.execute("PRAGMA integrity_check(1)").fetchone()[0]
+        if verdict != "ok":
+            raise SnapshotRefused(f"it fails SQLite's integrity check ({str(verdict)[:120]})")
+        _check_schema(conn)
+        for table in LOCAL_ONLY_TABLES[:2]:
+            if conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone():
+                raise SnapshotRefused(f"it holds rows of {table}, which never leave a replica")
+        _check_vector(conn, vector, own_id)
+    except sqlite3.DatabaseError as exc:
+        raise SnapshotRefused(f"it is not a readable SQLite store ({exc})") from None
+    finally:
+        conn.close()
+
+
+def _check_schema(conn: sqlite3.Connection) -> None:
+    kinds = {r[0] for r in conn.execute("SELECT type FROM sqlite_master")}
+    for kind in ("trigger", "view"):
+        if kind in kinds:
+            raise SnapshotRefused(f"it holds a {kind}, which no logsync store has")
+    tables, indexes = reference_schema()
+    held = _tables(conn)
+    for name, columns in tables.items():
+        if name not in held:
+            raise SnapshotRefused(f"it lacks the table {name} a logsync store has")
+        if held[name] != columns:
+            raise SnapshotRefused(f"its table {name} has the columns {sorted(held[name])}, "
+                                  f"not a logsync store's {sorted(columns)}")
+    missing = sorted(indexes - _indexes(conn))
+    if missing:
+        raise SnapshotRefused(f"it lacks the index {missing[0]} a logsync store has")
+    problem = schema_problem(conn)
+    if problem is not None:
+        raise SnapshotRefused(f"it {problem}")
+
+
+def _check_vector(conn: sqlite3.Connection, vector: Mapping[str, int], own_id: str) -> None:
+    held = {}
+    for origin, top, low, _count in conn.execute(ORIGINS_VECTOR_SQL):
+        if not isinstance(top, int) or not isinstance(low, int) or low < 1:
+            raise SnapshotRefused(f"origin {origin!r} holds an origin_seq below 1 or not an "
+                                  "integer")
+        held[origin] = top
+    if held != dict(vector):
+        differ = sorted(set(held) ^ set(vector)) or sorted(
+            o for o in held if held[o] != vector.get(o))
+        o = differ[0]
+        raise SnapshotRefused(f"it holds origin {o} up to seq {held.get(o, 0)}, not the "
+                              f"{vector.get(o, 0)} its preamble names")
+    if own_id in held:
+        raise SnapshotRefused(f"it holds ops of this replica's own origin {own_id}, which "
+                              "only the ordinary pull may recover")
+
+
+def prepare(path: Path, own_id: str, own_key: bytes | None, peer_id: str, now: str) -> None:
+    """Rewrite what is per replica in the candidate (we own it): keys, signatures, local
+    rows, unknown tables and indexes; then leave it a plain (non-WAL) file."""
+    tables, indexes = reference_schema()
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.execute("BEGIN IMMEDIATE")
+        for name in set(_tables(conn)) - set(tables):
+            conn.execute(f'DROP TABLE "{name}"')
+        for name in _indexes(conn) - indexes:
+            conn.execute(f'DROP INDEX IF EXISTS "{name}"')
+        conn.execute("DELETE FROM logsync_health")
+        for origin, key, _source in conn.execute(
+                "SELECT origin, public_key, source FROM logsync_keys").fetchall():
+            if certifies(origin, key):
+                conn.execute("UPDATE logsync_keys SET source = 'certified' WHERE origin = ?",
+                             (origin,))
+            elif origin == peer_id and origin != own_id:
+                conn.execute("UPDATE logsync_keys SET source = 'pinned' WHERE origin = ?",
+                             (origin,))
+            else:  # a third party's word, or a row for our own origin: not taken
+                conn.execute("DELETE FROM logsync_keys WHERE origin = ?", (origin,))
+        if own_key is not None:
+            conn.execute("INSERT INTO logsync_keys (origin, public_key, source, first_seen) "
+                         "VALUES (?, ?, 'self', ?)", (own_id, own_key, now))
+        conn.execute("UPDATE logsync_chain SET signature = NULL WHERE signature IS NOT NULL "
+                     "AND origin NOT IN (SELECT origin FROM logsync_keys)")
+        for origin in [r[0] for r in conn.execute("SELECT origin FROM logsync_keys")]:
+            top = conn.execute(SIGNED_TO_SQL, (origin,)).fetchone()
+            conn.execute("UPDATE logsync_chain SET signature = NULL WHERE origin = ? AND "
+                         "signature IS NOT NULL AND origin_seq % ? != 0 AND origin_seq != ?",
+                         (origin, CHECKPOINT, top[0] if top else 0))
+        conn.execute("COMMIT")
+    except sqlite3.DatabaseError as exc:
+        raise SnapshotRefused(f"it cannot be prepared for this replica ({exc})") from None
+    finally:
+        conn.close()
+
+
+def audit(path: Path) -> dict[str, Any]:
+    """`logsync verify`'s audit of the prepared candidate, plus gap-free signed origins;
+    the counts it held when every check passed."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        report = audit_store(conn)
+        _first_failure(report)
+        keyed = {r[0] for r in conn.execute("SELECT origin FROM logsync_keys")}
+        for origin, top, _low, count in conn.execute(ORIGINS_VECTOR_SQL):
+            if origin in keyed and count != top:
+                raise SnapshotRefused(f"signed origin {origin} holds {count} ops up to seq "
+                                      f"{top}: a logsync origin has no gaps")
+        artifacts = conn.execute("SELECT count(*) FROM artifacts").fetchone()[0]
+        events = sum(o.ops for o in report.origins)
+        return {"events": events, "artifacts": int(artifacts), "origins": len(report.origins)}
+    except sqlite3.DatabaseError as exc:
+        raise SnapshotRefused(f"it cannot be audited ({exc})") from None
+    finally:
+        conn.close()
+
+
+def _first_failure(report: AuditReport) -> None:
+    for origin in report.origins:
+        if origin.problem is not None:
+            p = origin.problem
+            raise SnapshotRefused(f"the chain of origin {origin.origin} departs from its ops "
+                                  f"at seq {p.seq} ({p.kind})")
+        if origin.signature is not None and not origin.signature.ok:
+            raise SnapshotRefused(f"the signature of origin {origin.origin} at seq "
+                                  f"{origin.signature.failed_at} does not verify")
+    if not report.artifacts.ok:
+        bad = report.artifacts.bad[0]
+        raise SnapshotRefused(f"artifact {bad.id}: {bad.reason}")

@@ -1,0 +1,187 @@
+"""Join a mesh from a snapshot (RFC 004 §4.11): download, check, install, then tail.
+
+Only a store with no event at all joins this way, and only from a peer that advertises
+`snapshot`; anything else (a MemPalace hub, a refused snapshot, a failed download) leaves
+the store as it was and the ordinary pull takes over. The joiner keeps its own
+`replica.json` and signing key: a snapshot is only the database file.
+
+Install is a rename, crash-safe at every step: the download and every edit happen in a
+temp file beside the store (removed at the next join if a kill leaves it); the live file
+is then switched out of WAL mode, which SQLite allows only when no other connection has
+it open (so nothing that could write is holding it), locked exclusively, found still
+empty, and replaced by `os.replace`. A kill before the rename leaves the empty store
+(back in WAL mode at its next open), after it the whole snapshot. A process that opened
+the old file in between cannot write to it: SQLite refuses writes to a renamed file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from logsync.errors import LogsyncError
+from logsync.model import utc_now_iso
+from logsync.snapshot import JOIN_PREFIX, SnapshotRefused
+from logsync.snapshot.checking import audit, check_readonly, prepare
+from logsync.snapshot.making import remove_stale
+from logsync.store import Store
+from logsync.store.core import DB_FILENAME
+from logsync.wire import Request, parse_extensions
+
+log = logging.getLogger("logsync.snapshot")
+
+MAX_SNAPSHOT_BYTES = 64 * 1024**3
+INSTALL_LOCK_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A snapshot installed: from whom, what it held, how long it took."""
+
+    peer: str
+    peer_id: str
+    events: int
+    artifacts: int
+    origins: int
+    bytes: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"peer": self.peer, "peer_replica": self.peer_id, "events": self.events,
+                "artifacts": self.artifacts, "origins": self.origins, "bytes": self.bytes,
+                "seconds": round(self.seconds, 3)}
+
+    def line(self) -> str:
+        return (f"joined from a snapshot of {self.peer} ({self.peer_id}): {self.events} "
+                f"events, {self.artifacts} artifacts, {self.origins} origins, "
+                f"{self.bytes} bytes in {self.seconds:.2f} s")
+
+
+def is_empty(store: Store) -> bool:
+    """No event at all: the only store a snapshot may replace."""
+    return store.latest_event_id() is None
+
+
+def join_if_empty(palace: Path, peers: Sequence[Any], *, ca_file: str | None = None,
+                  timeout: float = 30.0, max_bytes: int = MAX_SNAPSHOT_BYTES,
+                  say: Callable[[str], None] = log.warning) -> Joined | None:
+    """Join from the first peer that advertises `snapshot`, if the store is empty and
+    closed (the caller opens it after). None: nothing installed (`say` was told why, if
+    a snapshot was tried)."""
+    palace = Path(palace)
+    if _holds_events(palace / DB_FILENAME):
+        return None  # the common case costs one indexed read, not a full open
+    with Store.open(palace) as store:  # creates the palace, its id and key, as a pull would
+        if not is_empty(store):
+            return None
+        own_id, own_key = store.replica_id, store.public_key
+    remove_stale(palace, JOIN_PREFIX)
+    for peer in peers:
+        label = getattr(peer, "name", None) or _redact(peer.url)
+        try:
+            joined = anyio.run(_join_one, palace, peer, label, own_id, own_key, ca_file,
+                               timeout, max_bytes)
+        except SnapshotRefused as exc:
+            say(f"snapshot from {label} refused: {exc}; pulling op by op instead")
+            return None
+        except (LogsyncError, OSError) as exc:
+            say(f"snapshot from {label} not taken: {exc}; pulling op by op instead")
+            return None
+        if joined is not None:
+            return joined
+    return None
+
+
+def _holds_events(db_path: Path) -> bool:
+    if not db_path.is_file():
+        return False
+    try:
+        conn = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            return conn.execute("SELECT 1 FROM events LIMIT 1").fetchone() is not None
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False  # Store.open below says what is wrong with it
+
+
+async def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: bytes | None,
+                    ca_file: str | None, request_timeout: float,
+                    max_bytes: int) -> Joined | None:
+    from logsync.client import PeerClient
+
+    began = time.monotonic()
+    async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file,
+                          timeout=request_timeout) as client:
+        answer, _ = await client.fetch(Request("/sync/version_vector"))
+        if not isinstance(answer, dict) or not parse_extensions(answer).snapshot:
+            return None  # a hub, or a logsync peer that serves none: the ordinary pull
+        fd, name = tempfile.mkstemp(prefix=JOIN_PREFIX, suffix=".sqlite3", dir=palace)
+        os.close(fd)
+        candidate = Path(name)
+        try:
+            preamble = await client.download_snapshot(candidate, max_bytes)
+            if preamble["replica_id"] != answer.get("replica_id"):
+                raise SnapshotRefused(f"it names replica {preamble['replica_id']}, not the "
+                                      f"{answer.get('replica_id')} that answered the vector")
+            held = await anyio.to_thread.run_sync(
+                _check_and_install, candidate, palace, preamble, own_id, own_key)
+        finally:
+            await anyio.Path(candidate).unlink(missing_ok=True)
+    return Joined(label, preamble["replica_id"], held["events"], held["artifacts"],
+                  held["origins"], preamble["size"], time.monotonic() - began)
+
+
+def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], own_id: str,
+                       own_key: bytes | None) -> dict[str, Any]:
+    check_readonly(candidate, preamble["vector"], own_id)
+    prepare(candidate, own_id, own_key, preamble["replica_id"], utc_now_iso(int(time.time()
+                                                                                * 1000)))
+    held = audit(candidate)
+    _fsync(candidate)
+    install(candidate, palace / DB_FILENAME)
+    return held
+
+
+def install(candidate: Path, db_path: Path) -> None:
+    """Replace the empty, closed store by `candidate` (module docstring: why it is safe)."""
+    conn = sqlite3.connect(db_path, isolation_level=None, timeout=INSTALL_LOCK_TIMEOUT_S)
+    try:
+        try:
+            mode = conn.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
+            conn.execute("BEGIN EXCLUSIVE")
+        except sqlite3.OperationalError as exc:
+            raise SnapshotRefused(f"the store {db_path} is open in another process ({exc}), "
+                                  "so it cannot be replaced") from None
+        if str(mode).lower() != "delete":
+            raise SnapshotRefused(f"the store {db_path} stays in {mode} mode, so another "
+                                  "process has it open")
+        if conn.execute("SELECT 1 FROM events LIMIT 1").fetchone() is not None:
+            raise SnapshotRefused(f"the store {db_path} is no longer empty")
+        os.replace(candidate, db_path)  # the commit point
+        _fsync(db_path.parent)
+    finally:
+        conn.close()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _redact(url: str) -> str:
+    from logsync.peers import redact_url
+
+    return redact_url(url)
