@@ -50,20 +50,24 @@ class ConfigError(LogsyncError):
 
 
 class PeerError(LogsyncError):
-    """A peer failed, refused, or answered something we cannot accept."""
+    """A peer failed, refused, or answered something we cannot accept; `status` is the
+    HTTP status when the peer answered one."""
 
-    def __init__(self, message: str, *, peer: str | None = None) -> None:
+    def __init__(self, message: str, *, peer: str | None = None,
+                 status: int | None = None) -> None:
         super().__init__(message)
         self.peer = peer
+        self.status = status
 
 
 class PeerTransientError(PeerError):
     """Worth retrying: the network or the peer may recover."""
 
     def __init__(
-        self, message: str, *, peer: str | None = None, retry_after: float | None = None
+        self, message: str, *, peer: str | None = None, retry_after: float | None = None,
+        status: int | None = None,
     ) -> None:
-        super().__init__(message, peer=peer)
+        super().__init__(message, peer=peer, status=status)
         self.retry_after = retry_after
 
 

@@ -62,13 +62,14 @@ class FetchPolicy:
             return None
         message = f"{where} answered {status}{': ' + said if said else ''}"
         if status in RETRYABLE_STATUSES or status >= 500:
-            return PeerTransientError(message, peer=peer, retry_after=retry_after)
+            return PeerTransientError(message, peer=peer, retry_after=retry_after,
+                                      status=status)
         if status in (401, 403):
-            return PeerAuthError(f"{message} (check the token)", peer=peer)
+            return PeerAuthError(f"{message} (check the token)", peer=peer, status=status)
         if 400 <= status < 500:
-            return PeerRequestError(message, peer=peer)
+            return PeerRequestError(message, peer=peer, status=status)
         return PeerProtocolError(f"{message}; expected 2xx (redirects are not followed)",
-                                 peer=peer)
+                                 peer=peer, status=status)
 
     def retry_wait(self, attempt: int, error: BaseException, rng: random.Random) -> float | None:
         """Seconds to wait before trying again after `attempt` failed; None: give up."""

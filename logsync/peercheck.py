@@ -9,7 +9,7 @@ error` (the kinds of `engine.error_kind`, in words).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ class Probe:
     extensions: list[str] = field(default_factory=list)
     we_lack: dict[str, int] = field(default_factory=dict)
     they_lack: dict[str, int] = field(default_factory=dict)
+    diverged: list[str] = field(default_factory=list)  # origins whose chain tip differs
 
     @property
     def reachable(self) -> bool:
@@ -48,12 +49,20 @@ class Probe:
                 "we_lack": sum(self.we_lack.values()) if self.reachable else None,
                 "they_lack": sum(self.they_lack.values()) if self.reachable else None,
                 "we_lack_by_origin": dict(self.we_lack) if self.reachable else None,
-                "they_lack_by_origin": dict(self.they_lack) if self.reachable else None}
+                "they_lack_by_origin": dict(self.they_lack) if self.reachable else None,
+                "diverged": list(self.diverged)}
+
+
+DigestAt = Callable[[str, int], "bytes | None"]
 
 
 async def probe_one(peer: Peer, local: Mapping[str, int], *, deadline_s: float,
-                    ca_file: str | None = None, transport: Any = None) -> Probe:
-    """One peer's vector now, or why not (never raises)."""
+                    ca_file: str | None = None, transport: Any = None,
+                    digest_at: DigestAt | None = None) -> Probe:
+    """One peer's vector now, or why not (never raises). With `digest_at` (our chain
+    digest of an origin at a seq, None where our chain does not reach), each tip the
+    peer advertises at or below what we hold is compared: equal counts are not in sync
+    when the ops differ."""
     from logsync.client import PeerClient
 
     name = peer.name or redact_url(peer.url)
@@ -75,17 +84,31 @@ async def probe_one(peer: Peer, local: Mapping[str, int], *, deadline_s: float,
     found.extensions = remote.extensions.names()
     found.we_lack = lack(remote.vector, local)
     found.they_lack = lack(local, remote.vector)
+    if digest_at is not None:
+        found.diverged = _diverged(remote.tips, local, digest_at)
     return found
 
 
+def _diverged(tips: Mapping[str, tuple[int, bytes]], local: Mapping[str, int],
+              digest_at: DigestAt) -> list[str]:
+    out = []
+    for origin, (seq, digest) in sorted(tips.items()):
+        if seq <= int(local.get(origin, 0)):
+            mine = digest_at(origin, seq)
+            if mine is not None and mine != digest:
+                out.append(origin)
+    return out
+
+
 async def probe_all(peers: Sequence[Peer], local: Mapping[str, int], *,
-                    deadline_s: float = PROBE_TIMEOUT_S, ca_file: str | None = None
-                    ) -> list[Probe]:
+                    deadline_s: float = PROBE_TIMEOUT_S, ca_file: str | None = None,
+                    digest_at: DigestAt | None = None) -> list[Probe]:
     """Every peer at once; results in the peers' order."""
     found: list[Probe | None] = [None] * len(peers)
 
     async def one(index: int, peer: Peer) -> None:
-        found[index] = await probe_one(peer, local, deadline_s=deadline_s, ca_file=ca_file)
+        found[index] = await probe_one(peer, local, deadline_s=deadline_s, ca_file=ca_file,
+                                       digest_at=digest_at)
 
     async with anyio.create_task_group() as group:
         for index, peer in enumerate(peers):

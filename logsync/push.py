@@ -15,9 +15,11 @@ pull, `logsync sync` (and a daemon, for peers marked `"push": true`) runs a push
    says it stopped (quarantine, a fork, a diverged chain: its reason is reported), when
    the peer's top does not advance (a peer cannot hold us in a loop), or when a single op
    with its artifacts does not fit the peer's byte cap (`too_large`: it must pull). Its
-   page size halves while a page does not fit.
-4. Bounded: at most `MAX_OPS_PER_ROUND` ops per round, and per origin at most
-   ceil(gap / 1) + 1 pages (each page advances the peer's top by at least one op).
+   page size halves while a page does not fit, and when the peer (or a proxy before it)
+   answers 413 or 408: too large, or too slow for the link. An answer whose top stops
+   short of the page without a reason stops the origin too, as a short page stops a pull.
+4. Bounded: at most `MAX_OPS_PER_ROUND` ops serialised per round (whatever the peer says
+   it took), pages of at most our own `MAX_PUSH_BYTES` whatever the peer advertises.
 
 A fault of one origin's page (a 4xx, a malformed answer) stops that origin; auth
 failures and transport failures end the round, as in a pull.
@@ -33,11 +35,13 @@ from logsync.effects import ReadVector, ServePushPage
 from logsync.errors import PeerAuthError, PeerError, PeerProtocolError, PeerTransientError, shorten
 from logsync.model import MAX_SEQ
 from logsync.peerstate import lack
+from logsync.pushed import MAX_PUSH_BYTES
 from logsync.report import MAX_OPS_PER_ROUND
 from logsync.responder import PushPage
 from logsync.wire import PUSH_PATH, Request, parse_vector_answer
 
 PUSH_PAGE_OPS = 5000  # a push page's first size; halved while it does not fit
+SMALLER_PLEASE = (408, 413)  # the body was too slow or too large for the peer or a proxy
 
 
 @dataclass
@@ -119,19 +123,20 @@ def push_round(own: str, peer: str, *, report: PushReport | None = None) -> Push
         if budget <= 0:
             progress.stop_reason = "capped: the rest next round"
             continue
-        budget -= yield from _push_origin(own, peer, progress, remote.extensions.max_push_bytes,
-                                          budget, report)
+        max_bytes = min(remote.extensions.max_push_bytes, MAX_PUSH_BYTES)  # ours bounds theirs
+        budget -= yield from _push_origin(own, peer, progress, max_bytes, budget, report)
     return report
 
 
 def _push_origin(own: str, peer: str, progress: OriginPush, max_bytes: int, budget: int,
                  report: PushReport) -> Generator[Any, Any, int]:
-    """Push one origin page by page; returns the ops the peer took (towards the budget)."""
+    """Push one origin page by page; returns the ops sent (towards the round's budget:
+    what we serialise, not what the peer claims it took)."""
     limit = PUSH_PAGE_OPS
-    taken, restarted = 0, False
-    while progress.reached < progress.target and taken < budget:
+    sent, restarted = 0, False
+    while progress.reached < progress.target and sent < budget:
         page: PushPage = yield ServePushPage(progress.origin, progress.reached,
-                                             min(limit, budget - taken), max_bytes, own)
+                                             min(limit, budget - sent), max_bytes, own)
         if page.count == 0:
             progress.stop_reason = f"we hold nothing of {progress.origin} above {progress.reached}"
             break
@@ -145,12 +150,16 @@ def _push_origin(own: str, peer: str, progress: OriginPush, max_bytes: int, budg
             break
         report.requests += 1
         report.bytes_sent += len(page.body)
+        sent += page.count
         try:
             answer = yield Request(PUSH_PATH, body=page.body)
             outcome = _parse_push_answer(answer, peer, progress.origin, progress.reached)
-        except (PeerAuthError, PeerTransientError):
-            raise  # the whole round's, as in a pull
         except PeerError as exc:
+            if exc.status in SMALLER_PLEASE and page.count > 1:
+                limit = max(1, page.count // 2)  # too big, or too slow, for the link
+                continue
+            if isinstance(exc, (PeerAuthError, PeerTransientError)):
+                raise  # the whole round's, as in a pull
             progress.stop_reason = f"failed: {exc}"
             break
         progress.pages += 1
@@ -160,7 +169,6 @@ def _push_origin(own: str, peer: str, progress: OriginPush, max_bytes: int, budg
             continue
         for key in ("applied", "duplicates", "quarantined", "conflicts"):
             setattr(progress, key, getattr(progress, key) + outcome[key])
-        taken += outcome["applied"]
         if outcome["top"] <= progress.reached:
             progress.stop_reason = outcome["stopped"] or (
                 f"the peer's top of {progress.origin} stayed at {outcome['top']}")
@@ -169,9 +177,13 @@ def _push_origin(own: str, peer: str, progress: OriginPush, max_bytes: int, budg
         if outcome["stopped"] or outcome["diverged"]:
             progress.stop_reason = outcome["stopped"] or "diverged"
             break
+        if outcome["top"] < page.last_seq:  # short of the page, with no reason: as a pull
+            progress.stop_reason = (f"the peer took {progress.origin} only up to "
+                                    f"{outcome['top']} of a page up to {page.last_seq}")
+            break
     if progress.reached >= progress.target:
         progress.stop_reason = ""
-    return taken
+    return sent
 
 
 def _parse_push_answer(answer: object, peer: str, origin: str, after: int) -> dict[str, Any]:

@@ -35,12 +35,20 @@ from logsync.errors import PeerError, ValidationError, shorten
 from logsync.ids import is_replica_id
 from logsync.model import MAX_SEQ
 from logsync.report import STOP_CAUGHT_UP, STOP_DIVERGED, OriginProgress, RoundReport
-from logsync.wire import LARGE_PAGE_CEILING, Batch, Extensions, Request, parse_keys
+from logsync.wire import (
+    LARGE_PAGE_CEILING,
+    Batch,
+    Extensions,
+    Request,
+    parse_keys,
+    parse_page,
+)
 
 # What one pushed request may carry: as many ops as a large page, and this many bytes
 # (the body's cap, checked before it is read; the pusher cuts its pages to fit).
 MAX_PUSH_OPS = LARGE_PAGE_CEILING
 MAX_PUSH_BYTES = 32 * 1024 * 1024
+PUSHES_AT_ONCE = 2  # pushed bodies decoded and applied side by side, per server
 
 
 def accept_push(store: StoreLike, body: object, pusher: str) -> dict[str, Any]:
@@ -64,9 +72,20 @@ def accept_push(store: StoreLike, body: object, pusher: str) -> dict[str, Any]:
     if after > top:
         answer["stopped"] = f"gap: this replica holds origin {origin} up to {top}"
         return answer
+    if origin == store.replica_id and after < top:
+        # our own origin below our top: recovered only by our own pull (once a round),
+        # never re-judged at a pusher's pace
+        answer["stopped"] = (f"own origin below our top {top}: this replica recovers its "
+                             "own ops only by pulling")
+        return answer
+    try:  # the wire checks first: a refused page pins no key and stores nothing
+        page = parse_page(body, pusher, origin, after, MAX_PUSH_OPS, inline_asked=True,
+                          chain_asked=True)
+    except PeerError as exc:
+        raise ValidationError(str(exc)) from None
     sender = body.get("from")
     keys = parse_keys(body)  # the origin's key, published as a vector answer does
-    if origin in keys and isinstance(sender, str) and is_replica_id(sender):
+    if page.events and origin in keys and isinstance(sender, str) and is_replica_id(sender):
         perform(store, PinKeys({origin: keys[origin]}, sender))
     events = body.get("events")
     last = events[-1].get("origin_seq") if isinstance(events, list) and events and \

@@ -283,3 +283,28 @@ def test_a_pushed_hostile_page_is_taken_exactly_as_the_same_page_pulled(
         if not failed:
             assert answer.json()["top"] == _outcome(pulled)[0]
             assert answer.json()["quarantined"] == report.quarantined
+
+
+def test_a_push_of_our_own_origin_below_our_top_is_not_judged(laptop: Store,
+                                                               tmp_path: Path) -> None:
+    """Our own ops are recovered only by our own pull (once a round): a pusher replaying
+    a forged copy of our origin cannot make us record forks at its pace."""
+    write(laptop, 3)
+    with Store.open(tmp_path / "liar") as liar:
+        liar.apply_remote(laptop.list_ops(laptop.replica_id, 0, 1))
+        forged = json.loads(laptop_page(laptop, 0))
+        forged["events"][1] = dict(forged["events"][1], body="not what we wrote")
+        for _ in range(3):
+            answer = accept_push(laptop, forged, "x@127.0.0.1")
+            assert answer["applied"] == 0 and "own origin below our top" in answer["stopped"]
+    assert laptop.counts()["conflicts"] == 0
+
+
+def test_a_malformed_push_pins_no_key(laptop: Store, desk: Store) -> None:
+    from logsync.errors import ValidationError
+    write(laptop, 2)
+    page = json.loads(laptop_page(laptop))
+    page["events"] = [page["events"][1], page["events"][0]]  # backwards: refused
+    with pytest.raises(ValidationError):
+        accept_push(desk, page, "x@127.0.0.1")
+    assert laptop.replica_id not in desk.public_keys()

@@ -114,7 +114,7 @@ def test_the_pusher_sends_smaller_pages_when_the_receiver_refuses_a_body_as_too_
     the origin as `failed`, and the next round sends the very same page again: a laptop on
     a slow link or behind such a proxy can never push. A pull halves its page on
     `PeerTooLargeError`; the push should halve on 413/408 too."""
-    from logsync.errors import PeerRequestError
+    from logsync.errors import PeerRequestError, PeerTransientError
     write(laptop, 400)
     taken = {"top": 0}
 
@@ -122,7 +122,8 @@ def test_the_pusher_sends_smaller_pages_when_the_receiver_refuses_a_body_as_too_
         if body is None:
             return vector_answer(MAX_PUSH_BYTES)
         if len(body) > 20_000:  # what the proxy / the link lets through in time
-            return PeerRequestError(f"peer: POST /sync/push answered {status}", peer="peer")
+            kind = PeerTransientError if status == 408 else PeerRequestError  # as fetchpolicy
+            return kind(f"peer: POST /sync/push answered {status}", peer="peer", status=status)
         page = json.loads(body)
         assert page["after"] == taken["top"]
         taken["top"] = page["events"][-1]["origin_seq"]
@@ -275,8 +276,10 @@ def test_status_does_not_call_a_peer_whose_chain_differs_in_sync(tmp_path: Path)
 
         probe = anyio.run(lambda: probe_one(
             peers_mod.Peer(url=URL, token="t", name="desk"), mine.version_vector(),
-            deadline_s=2, transport=httpx.MockTransport(peer)))
+            deadline_s=2, transport=httpx.MockTransport(peer),
+            digest_at=lambda o, seq: mine.chain_digests_at(o, [seq])[0]))
         entry = {"name": "desk", "url": URL, **probe.as_dict()}
         assert probe.reachable
         assert _exit_code([entry]) != EXIT_IN_SYNC, (
             f"a peer whose op 2 of {origin} differs from ours is reported in sync: {entry}")
+        assert entry["diverged"] == [origin]

@@ -28,8 +28,8 @@ Examples:
   logsync status --cached        # only what the daemon saw at its last round
 
 Exit status: 0 every peer reachable and in sync both ways; 3 reachable but something is
-behind either way (or, with --cached, not known); 1 a peer failed (unreachable, auth
-failed, protocol error).""")
+behind either way, or a chain differs (or, with --cached, not known); 1 a peer failed
+(unreachable, auth failed, protocol error).""")
 @click.option("--cached", is_flag=True,
               help="Do not ask the peers; show what the daemon (or the last sync) saved.")
 @click.option("--timeout", "deadline_s", type=click.FloatRange(0.1, 60), show_default=True,
@@ -46,20 +46,22 @@ def status_cmd(ctx: click.Context, as_json: bool, cached: bool, deadline_s: floa
     that it does not), whether it answers, its last success and error, and a catch-up
     under way."""
     palace = palace_of(ctx)
+    book = PeerBook.load(palace)
+    configured = peers_mod.load_peers(palace)
     with open_store(ctx, read_only=True) as store:
         local = store.version_vector()
         payload: dict[str, Any] = {"replica_id": store.replica_id, "palace": str(palace),
                                    "version_vector": local, **store.counts(unreviewed=True),
                                    "signing": {o: s.to_json() for o, s in
                                                read_signing_states(store).items()}}
-    book = PeerBook.load(palace)
-    configured = peers_mod.load_peers(palace)
-    entries = [_redacted(book.get(p.key, p.url).as_upstream_peer_entry(local))
-               for p in configured]
+        entries = [_redacted(book.get(p.key, p.url).as_upstream_peer_entry(local))
+                   for p in configured]
+        probes = anyio.run(lambda: probe_all(
+            configured, local, deadline_s=deadline_s, ca_file=ca_file,
+            digest_at=lambda o, seq: store.chain_digests_at(o, [seq])[0],
+        )) if not cached and configured else None
     payload["checked"] = "cached" if cached else "now"
-    if not cached and configured:
-        probes = anyio.run(lambda: probe_all(configured, local, deadline_s=deadline_s,
-                                              ca_file=ca_file))
+    if probes is not None:
         for entry, probe in zip(entries, probes, strict=True):
             entry.update(probe.as_dict())
     else:
@@ -86,7 +88,8 @@ def _cached_state(entry: dict[str, Any]) -> str:
 def _exit_code(entries: list[dict[str, Any]]) -> int:
     if any(e["state"] != "reachable" for e in entries):
         return EXIT_FAILED
-    if any(e.get("we_lack") != 0 or e.get("they_lack") != 0 for e in entries):
+    if any(e.get("we_lack") != 0 or e.get("they_lack") != 0 or e.get("diverged")
+           for e in entries):
         return EXIT_BEHIND  # None (not known, with --cached) counts as behind
     return EXIT_IN_SYNC
 
@@ -126,9 +129,12 @@ def _print_peer(entry: dict[str, Any], checked: str) -> None:
     elif entry["last_error"]:
         click.echo(f"    last error ({entry['last_error_at']}): {entry['last_error']}")
     we, they = entry.get("we_lack"), entry.get("they_lack")
+    for origin in entry.get("diverged") or []:
+        click.echo(f"    DIVERGED: its ops of {origin} differ from ours (the next sync records "
+                   "where: see `logsync conflicts`)")
     if we is None and they is None:
         click.echo("    in sync: not known (no vector from it)")
-    elif we == 0 and they == 0:
+    elif we == 0 and they == 0 and not entry.get("diverged"):
         click.echo("    in sync both ways")
     else:
         click.echo(f"    we lack {_count(we)} of its ops; it lacks {_count(they)} of ours")

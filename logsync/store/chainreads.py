@@ -331,9 +331,15 @@ class ChainViews:
         cannot carry signatures) thus become servable to peers that verify."""
         if self.read_only or not points:  # type: ignore[attr-defined]
             return 0
+        points = points[:MAX_TIP_SIGNATURES]
+        held = self._guarded(lambda conn: [seq in signatures_of(conn, origin, [seq])
+                                           for origin, seq, _d, _s in points])
+        points = [p for p, signed in zip(points, held, strict=True) if not signed]
+        if not points:  # signed here already: no write transaction (MemPalace writes too)
+            return 0
         with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
             taken = []
-            for origin, seq, digest, signature in points[:MAX_TIP_SIGNATURES]:
+            for origin, seq, digest, signature in points:
                 key = known_key(conn, origin)
                 if key is None or seq in signatures_of(conn, origin, [seq]):
                     continue
