@@ -36,34 +36,12 @@ from logsync.errors import PeerAuthError, PeerError, PeerProtocolError, PeerTran
 from logsync.model import MAX_SEQ
 from logsync.peerstate import lack
 from logsync.pushed import MAX_PUSH_BYTES
-from logsync.report import MAX_OPS_PER_ROUND
+from logsync.report import MAX_OPS_PER_ROUND, OriginProgress
 from logsync.responder import PushPage
 from logsync.wire import PUSH_PATH, Request, parse_vector_answer
 
 PUSH_PAGE_OPS = 5000  # a push page's first size; halved while it does not fit
 SMALLER_PLEASE = (408, 413)  # the body was too slow or too large for the peer or a proxy
-
-
-@dataclass
-class OriginPush:
-    """One origin's push: from the peer's top `start` towards our `target`."""
-
-    origin: str
-    start: int
-    target: int
-    reached: int
-    pages: int = 0
-    applied: int = 0
-    duplicates: int = 0
-    quarantined: int = 0
-    conflicts: int = 0
-    stop_reason: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "target": self.target, "reached": self.reached,
-                "pages": self.pages, "applied": self.applied, "duplicates": self.duplicates,
-                "quarantined": self.quarantined, "conflicts": self.conflicts,
-                "stop_reason": self.stop_reason}
 
 
 @dataclass
@@ -74,7 +52,7 @@ class PushReport:
     peer_replica: str | None = None
     supported: bool | None = None  # None: the vector was never read
     remote_vector: dict[str, int] = field(default_factory=dict)
-    origins: dict[str, OriginPush] = field(default_factory=dict)
+    origins: dict[str, OriginProgress] = field(default_factory=dict)
     requests: int = 0
     bytes_sent: int = 0
 
@@ -98,7 +76,14 @@ class PushReport:
                 "supported": self.supported, "pushed_events": self.pushed,
                 "they_lack": sum(self.they_lack().values()), "requests": self.requests,
                 "bytes_sent": self.bytes_sent, "stopped": self.stopped(),
-                "per_origin": {o: p.as_dict() for o, p in sorted(self.origins.items())}}
+                "per_origin": {o: _push_fields(p) for o, p in sorted(self.origins.items())}}
+
+
+def _push_fields(progress: OriginProgress) -> dict[str, Any]:
+    """What a push says of one origin (the pull's other counters stay zero here)."""
+    return {k: getattr(progress, k) for k in ("start", "target", "reached", "pages", "applied",
+                                              "duplicates", "quarantined", "conflicts",
+                                              "stop_reason")}
 
 
 PushGen = Generator[Any, Any, PushReport]
@@ -118,7 +103,7 @@ def push_round(own: str, peer: str, *, report: PushReport | None = None) -> Push
     budget = MAX_OPS_PER_ROUND
     for origin, gap in lack(local, remote.vector).items():
         top = int(remote.vector.get(origin, 0))
-        progress = OriginPush(origin=origin, start=top, target=top + gap, reached=top)
+        progress = OriginProgress(origin=origin, start=top, target=top + gap, reached=top)
         report.origins[origin] = progress
         if budget <= 0:
             progress.stop_reason = "capped: the rest next round"
@@ -128,7 +113,7 @@ def push_round(own: str, peer: str, *, report: PushReport | None = None) -> Push
     return report
 
 
-def _push_origin(own: str, peer: str, progress: OriginPush, max_bytes: int, budget: int,
+def _push_origin(own: str, peer: str, progress: OriginProgress, max_bytes: int, budget: int,
                  report: PushReport) -> Generator[Any, Any, int]:
     """Push one origin page by page; returns the ops sent (towards the round's budget:
     what we serialise, not what the peer claims it took)."""

@@ -14,7 +14,7 @@ from logsync import progress
 from logsync.cli import cli
 from logsync.peers import add_peer
 from logsync.peerstate import PeerBook
-from logsync.push import OriginPush, PushReport
+from logsync.push import PushReport
 from logsync.report import OriginProgress, RoundReport
 
 
@@ -31,7 +31,7 @@ def test_snapshot_counts_done_and_total_of_pulls_and_pushes() -> None:
                                                       target=5, reached=5)
     assert progress.snapshot(pull).done == 65_000 and progress.snapshot(pull).total == 200_000
     push = PushReport(peer="desk")
-    push.origins["o"] = OriginPush(origin="o", start=10, target=30, reached=25)
+    push.origins["o"] = OriginProgress(origin="o", start=10, target=30, reached=25)
     assert (progress.snapshot(push).done, progress.snapshot(push).total) == (15, 20)
 
 
