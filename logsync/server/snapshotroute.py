@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any, BinaryIO
 
 import anyio
 from starlette.requests import Request
@@ -52,8 +53,9 @@ async def sync_snapshot(request: Request) -> Response:
     deadline = time.monotonic() + SEND_BASE_S + made.size / MIN_RATE
     state.streams += 1
     logger.info("serving a snapshot of %d bytes (%d origins)", made.size, len(made.vector))
-    return StreamingResponse(
-        _body(state, handle, preamble, deadline), media_type=SNAPSHOT_TYPE,
+    return _SnapshotResponse(
+        lambda: _release(state, handle), _body(handle, preamble, deadline),
+        media_type=SNAPSHOT_TYPE,
         headers={"Content-Length": str(len(preamble) + made.size),
                  SHA256_HEADER: made.sha256, SIZE_HEADER: str(made.size),
                  "Cache-Control": "no-store"},
@@ -87,17 +89,34 @@ def _current(srv: _Server, store: object) -> SnapshotFile | None:
     return state.cache.current(store.version_vector())  # type: ignore[attr-defined]
 
 
-async def _body(state: _State, handle: object, preamble: bytes,
-                deadline: float) -> AsyncIterator[bytes]:
-    try:
-        yield preamble
-        while True:
-            if time.monotonic() > deadline:
-                raise SnapshotStreamTimeout("the snapshot download ran past its deadline")
-            chunk = await anyio.to_thread.run_sync(handle.read, CHUNK)  # type: ignore[attr-defined]
-            if not chunk:
-                return
-            yield chunk
-    finally:
+class _SnapshotResponse(StreamingResponse):
+    """Releases its download slot and file however the answer ends (a client that leaves
+    before the first byte never starts the body's generator)."""
+
+    def __init__(self, release: Callable[[], None], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def _release(state: _State, handle: BinaryIO) -> None:
+    if not handle.closed:
+        handle.close()
         state.streams -= 1
-        handle.close()  # type: ignore[attr-defined]
+
+
+async def _body(handle: BinaryIO, preamble: bytes, deadline: float) -> AsyncIterator[bytes]:
+    yield preamble
+    while True:
+        if time.monotonic() > deadline:
+            logger.warning("a snapshot download ran past its deadline: cut off")
+            raise SnapshotStreamTimeout("the snapshot download ran past its deadline")
+        chunk = await anyio.to_thread.run_sync(handle.read, CHUNK)
+        if not chunk:
+            return
+        yield chunk
