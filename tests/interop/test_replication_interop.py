@@ -304,3 +304,17 @@ def test_mesh_of_two_hubs_and_two_daemons_converges(lab: Lab) -> None:
         assert_same_replica_content(reference, snapshot(lab, node))
     for daemon in daemons:
         assert_clean_logsync(daemon.palace)
+
+
+def test_logsync_sync_from_a_hub_into_an_empty_store_pulls_as_before(lab: Lab) -> None:
+    """A hub advertises no `snapshot`: an empty store's `logsync sync` pulls it op by op."""
+    hub_palace = lab.palace("hub")
+    write_hub_palace(lab, hub_palace, "h", bulk=20)
+    hub = lab.hub("hub", palace=hub_palace)
+    expected = snapshot(lab, hub)
+    palace = lab.palace("empty")
+    stats = lab.ls.sync(palace, hub.url, hub.token)
+    check_stats(stats, hub, len(expected.events), len(expected.artifacts))
+    assert "snapshot" not in stats[0]
+    assert_same_replica_content(expected, logsync_snapshot(palace, "logsync replica"))
+    assert not [p for p in palace.iterdir() if p.name.startswith(".logsync-snapshot")]
