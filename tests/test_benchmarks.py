@@ -132,3 +132,19 @@ def test_bad_arguments_are_one_sentence_not_a_traceback(
     assert done.returncode == 2
     assert says in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_snapshot_join_reports_its_ratios() -> None:
+    result = run_benchmark("snapshot_join", "--events", "800", "--compare-events", "600",
+                           "--patches", "10")
+    assert result["compare"]["events"] == 600 and result["large"]["events"] == 800
+    for key in ("s_snapshot", "p_op_by_op", "u_upstream"):
+        assert positive(result["compare"]["runs"][key]["seconds"]), key
+    for key in ("upstream_over_snapshot", "op_by_op_over_snapshot", "join_over_plain_get",
+                "joiner_peak_rss_mb"):
+        assert positive(result["ratios"][key]["value"]), key
+    text = rendered("snapshot_join", result)
+    assert "upstream/(s)" in text and "join/GET" in text and "peak RSS" in text
