@@ -27,7 +27,6 @@ import random
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Generator, Mapping
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -392,28 +391,6 @@ class PeerClient:
             raise
         self._buffered -= len(body)
         return body
-
-    async def download_snapshot(self, dest: Path, max_bytes: int) -> dict[str, Any]:
-        """`GET /sync/snapshot` (RFC 004 §4.11) into `dest`, streamed: the preamble (one JSON
-        line) is returned, the file is written as it arrives and hashed; more than
-        `max_bytes`, fewer bytes than announced, or a digest that differs is a
-        `PeerProtocolError`. Bounded in time: `request_deadline` plus a second per MiB."""
-        from logsync.snapshot.download import receive  # only a join needs it
-
-        where = f"peer {self.name}: GET /sync/snapshot"
-        try:
-            async with self._http.stream("GET", "/sync/snapshot") as response:
-                if response.status_code != 200:
-                    body = await self._read_capped(response, where)
-                    self._check_status(response, bytes(body), where)
-                    raise PeerProtocolError(f"{where} answered {response.status_code}",
-                                            peer=self.name)
-                return await receive(_raw_chunks(response), dest, max_bytes, where, self.name,
-                                     self.request_deadline)
-        except TimeoutError:
-            raise PeerDeadlineError(f"{where} did not finish in time", peer=self.name) from None
-        except (httpx.HTTPError, httpx.StreamError) as exc:
-            raise translate_transport(exc, where, self.name) from None
 
     def _check_status(self, response: httpx.Response, body: bytes, where: str) -> None:
         error = self.policy.error_for_status(response.status_code, error_text(body), where,

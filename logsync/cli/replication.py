@@ -132,7 +132,9 @@ def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str
     stats = [r["stats"] for r in results]
     for entry in stats:
         if joined is not None and entry.get("peer_name") == joined.peer:
-            entry["snapshot"] = joined.as_dict()
+            entry["snapshot"] = joined.as_dict()  # what arrived counts as pulled
+            entry["pulled_events"] = entry.get("pulled_events", 0) + joined.events
+            entry["pulled_artifacts"] = entry.get("pulled_artifacts", 0) + joined.artifacts
     if as_json:
         emit_json(stats)
     else:

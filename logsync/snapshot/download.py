@@ -16,13 +16,36 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 
+from logsync.answers import translate_transport
 from logsync.errors import PeerProtocolError, PeerTooLargeError
+from logsync.fetchpolicy import PeerDeadlineError
 from logsync.ids import is_replica_id
-from logsync.snapshot import MAX_PREAMBLE_BYTES, SNAPSHOT_FORMAT
+from logsync.snapshot import MAX_PREAMBLE_BYTES, SNAPSHOT_FORMAT, SNAPSHOT_PATH
 
 MIN_RATE = 1024 * 1024  # bytes per second a download must average past its base deadline
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+async def download_snapshot(client: Any, dest: Path, max_bytes: int) -> dict[str, Any]:
+    """`GET /sync/snapshot` through a `PeerClient` (its connection, caps and error
+    translation) into `dest`; the checked preamble. Bounded in time: the client's
+    `request_deadline` plus a second per MiB announced."""
+    where = f"peer {client.name}: GET {SNAPSHOT_PATH}"
+    try:
+        async with client._http.stream("GET", SNAPSHOT_PATH) as response:
+            if response.status_code != 200:
+                body = await client._read_capped(response, where)
+                client._check_status(response, bytes(body), where)
+                raise PeerProtocolError(f"{where} answered {response.status_code}",
+                                        peer=client.name)
+            return await receive(response.aiter_raw(), dest, max_bytes, where, client.name,
+                                 client.request_deadline)
+    except TimeoutError:
+        raise PeerDeadlineError(f"{where} did not finish in time", peer=client.name) from None
+    except (httpx.HTTPError, httpx.StreamError) as exc:
+        raise translate_transport(exc, where, client.name) from None
 
 
 async def receive(chunks: AsyncIterator[bytes], dest: Path, max_bytes: int, where: str,

@@ -28,10 +28,11 @@ from typing import Any
 
 import anyio
 
-from logsync.errors import LogsyncError
+from logsync.errors import LogsyncError, PeerError
 from logsync.model import utc_now_iso
 from logsync.snapshot import JOIN_PREFIX, SnapshotRefused
 from logsync.snapshot.checking import audit, check_readonly, prepare
+from logsync.snapshot.download import download_snapshot
 from logsync.snapshot.making import remove_stale
 from logsync.store import Store
 from logsync.store.core import DB_FILENAME
@@ -75,8 +76,9 @@ def join_if_empty(palace: Path, peers: Sequence[Any], *, ca_file: str | None = N
                   timeout: float = 30.0, max_bytes: int = MAX_SNAPSHOT_BYTES,
                   say: Callable[[str], None] = log.warning) -> Joined | None:
     """Join from the first peer that advertises `snapshot`, if the store is empty and
-    closed (the caller opens it after). None: nothing installed (`say` was told why, if
-    a snapshot was tried)."""
+    closed (the caller opens it after). A peer that does not answer its vector is passed
+    over in silence (the pull that follows reports it). None: nothing installed (`say`
+    was told why, if a snapshot was tried)."""
     palace = Path(palace)
     if _holds_events(palace / DB_FILENAME):
         return None  # the common case costs one indexed read, not a full open
@@ -122,14 +124,18 @@ async def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: b
     began = time.monotonic()
     async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file,
                           timeout=request_timeout) as client:
-        answer, _ = await client.fetch(Request("/sync/version_vector"))
+        try:
+            answer, _ = await client.fetch(Request("/sync/version_vector"))
+        except PeerError as exc:  # the pull that follows reports an unreachable peer
+            log.debug("peer %s: no snapshot looked for (%s)", label, exc)
+            return None
         if not isinstance(answer, dict) or not parse_extensions(answer).snapshot:
             return None  # a hub, or a logsync peer that serves none: the ordinary pull
         fd, name = tempfile.mkstemp(prefix=JOIN_PREFIX, suffix=".sqlite3", dir=palace)
         os.close(fd)
         candidate = Path(name)
         try:
-            preamble = await client.download_snapshot(candidate, max_bytes)
+            preamble = await download_snapshot(client, candidate, max_bytes)
             if preamble["replica_id"] != answer.get("replica_id"):
                 raise SnapshotRefused(f"it names replica {preamble['replica_id']}, not the "
                                       f"{answer.get('replica_id')} that answered the vector")
