@@ -22,8 +22,9 @@ A run, in order (one module per concern):
 - ``schedule`` — the nemesis schedule, a pure function of (seed, settings);
 - ``nemesis`` — carries a schedule out on a cluster, logging every action with its time;
 - ``workload`` — appends through both CLIs on random nodes, the acknowledged history;
-- ``checker`` — the verdict after the heal: acknowledged appends everywhere, per-origin
-  prefixes, no duplicates, identical canonical rows, ledgers, integrity, convergence time;
+- ``checker`` — the verdict after the heal: acknowledged appends (and their artifacts)
+  everywhere, failed appends nowhere, no link without its artifact, per-origin prefixes,
+  no duplicates, identical canonical rows, ledgers, integrity, convergence time;
 - ``report`` — the verdict and timeline as JSON and a PNG;
 - ``run`` — one run (rounds of faults, heal, check) and its replay command;
 - ``timeline`` — every action with its time, kept and written as it happens;

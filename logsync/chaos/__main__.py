@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
           + (" with uncommitted changes under logsync/ (not replayable as such)"
              if source.get("dirty") else ""))
     if not result.ok:
+        for problem in result.summary.get("problems", []):
+            print(f"  run: {problem[:400]}")
         for rnd in result.summary["rounds"]:
             for problem in rnd["verdict"]["problems"][:8]:
                 print(f"  round {rnd['round']}: {problem[:400]}")

@@ -7,7 +7,11 @@ rendered by SQLite's ``quote()`` (type and bytes exact), events by id, the artif
 events reference, and the ``event_artifacts`` pairs. What it checks, per run:
 
 1. every acknowledged append is on every replica, hub included, with the acknowledged
-   ``(origin, origin_seq)`` (else *lost*, or *divergent* when the key differs);
+   ``(origin, origin_seq)`` (else *lost*, or *divergent* when the key differs), and so is
+   the artifact it acknowledged (a patch, or the hub's artifact named by the append);
+   no append the CLI reported *failed* is on any replica (a failed op did not happen);
+   no ``event_artifacts`` row names an artifact the replica does not hold (a link whose
+   artifact is missing everywhere would otherwise compare equal everywhere);
 2. per replica, each origin's seqs are a prefix of what its author holds, and a logsync
    author's own seqs are gap-free from 1 (a hub's may have gaps: RFC 004 §3.3);
 3. no duplicated ids, ``(origin, origin_seq)`` keys, or workload ops (one op tag, two events);
@@ -51,6 +55,7 @@ class Replica:
     seqs: dict[str, list[int]] = field(default_factory=dict)  # origin -> seqs ascending
     artifacts: dict[str, str] = field(default_factory=dict)  # referenced id -> row
     links: list[str] = field(default_factory=list)
+    dangling: list[str] = field(default_factory=list)  # "event|artifact" links, no artifact
     unreferenced: int = 0
     duplicate_keys: list[str] = field(default_factory=list)
     op_tags: Counter[str] = field(default_factory=Counter)
@@ -125,6 +130,9 @@ def _read_rows(conn: sqlite3.Connection, r: Replica) -> None:
     query = (f"SELECT id, {_quoted(ARTIFACT_COLUMNS)} FROM artifacts WHERE id IN "
              "(SELECT artifact_id FROM event_artifacts)")
     r.artifacts = dict(conn.execute(query).fetchall())
+    r.dangling = [f"{e}|{a}" for e, a in conn.execute(
+        "SELECT event_id, artifact_id FROM event_artifacts WHERE artifact_id NOT IN "
+        "(SELECT id FROM artifacts) ORDER BY event_id, artifact_id")]
     total = conn.execute("SELECT count(*) FROM artifacts").fetchone()[0]
     r.unreferenced = int(total) - len(r.artifacts)
 
@@ -146,6 +154,7 @@ class Acked:
     origin_seq: int
     node: str
     tag: str = ""
+    artifact: str = ""  # the artifact the op acknowledged with the event ("" if none)
 
 
 @dataclass
@@ -172,32 +181,40 @@ class Verdict:
 
 
 def converged(replicas: list[Replica], acked: Iterable[Acked]) -> bool:
-    """Same canonical rows everywhere, and every acknowledged id among them."""
-    if any(r.error for r in replicas) or len({r.digest() for r in replicas}) != 1:
+    """Same canonical rows everywhere, no link without its artifact, and every acknowledged
+    id (and acknowledged artifact) among them."""
+    if (any(r.error or r.dangling for r in replicas)
+            or len({r.digest() for r in replicas}) != 1):
         return False
-    return all(a.id in replicas[0].events for a in acked)
+    return all(a.id in replicas[0].events
+               and (not a.artifact or a.artifact in replicas[0].artifacts) for a in acked)
 
 
 def wait_converged(read: Callable[[], list[Replica]], acked: list[Acked], *, timeout: float,
-                   poll: float = 0.5) -> float | None:
-    """Seconds until ``read()`` shows convergence, or None after ``timeout``."""
+                   poll: float = 0.5, since: float | None = None) -> float | None:
+    """Seconds from ``since`` (a ``time.monotonic()``; default: now) until ``read()`` shows
+    convergence, or None when ``timeout`` seconds of waiting (from now) did not see it."""
     began = time.monotonic()
+    origin = began if since is None else min(since, began)
     while True:
         if converged(read(), acked):
-            return time.monotonic() - began
+            return time.monotonic() - origin
         if time.monotonic() - began > timeout:
             return None
         time.sleep(poll)
 
 
-def check(replicas: list[Replica], acked: list[Acked], *,
+def check(replicas: list[Replica], acked: list[Acked], *, failed: Iterable[str] = (),
           expected_ledgers: bool = False) -> Verdict:
-    """The verdict over fully read replicas (``read_replica(..., deep=True)``)."""
+    """The verdict over fully read replicas (``read_replica(..., deep=True)``); ``failed``
+    are the tags of the ops the CLI reported failed: none may be stored anywhere."""
     v = Verdict(replicas=[r.name for r in replicas], acknowledged=len(acked))
     for r in replicas:
         if r.error:
             v.fail(f"{r.name}: {r.error}")
     _check_acked(v, replicas, acked)
+    _check_failed(v, replicas, failed)
+    _check_dangling(v, replicas)
     _check_prefixes(v, replicas)
     _check_duplicates(v, replicas)
     _check_identical(v, replicas)
@@ -219,9 +236,14 @@ def _check_acked(v: Verdict, replicas: list[Replica], acked: list[Acked]) -> Non
         missing = [r.name for r in replicas if a.id not in r.events]
         wrong = [r.name for r in replicas
                  if a.id in r.events and r.keys[a.id] != (a.origin, a.origin_seq)]
-        if missing:
-            v.lost.append({"id": a.id, "origin": a.origin, "origin_seq": a.origin_seq,
-                           "appended_on": a.node, "missing_on": missing})
+        no_artifact = [r.name for r in replicas if a.artifact and a.id in r.events and (
+            a.artifact not in r.artifacts or f"{a.id}|{a.artifact}" not in r.links)]
+        if missing or no_artifact:
+            lost: dict[str, Any] = {"id": a.id, "origin": a.origin, "origin_seq": a.origin_seq,
+                                    "appended_on": a.node, "missing_on": missing}
+            if no_artifact:
+                lost.update(artifact=a.artifact, artifact_missing_on=no_artifact)
+            v.lost.append(lost)
         if wrong:
             v.divergent.append(f"{a.id}: acknowledged as {a.origin}#{a.origin_seq}, "
                                f"held under another key on {wrong}")
@@ -230,6 +252,24 @@ def _check_acked(v: Verdict, replicas: list[Replica], acked: list[Acked]) -> Non
     if v.divergent:
         v.fail(f"{len(v.divergent)} acknowledged append(s) under another key: "
                f"{v.divergent[:3]}")
+
+
+def _check_failed(v: Verdict, replicas: list[Replica], failed: Iterable[str]) -> None:
+    tags = set(failed)
+    stored = {tag: [r.name for r in replicas if r.op_tags.get(tag)] for tag in sorted(tags)}
+    stored = {tag: names for tag, names in stored.items() if names}
+    if stored:
+        shown = dict(list(stored.items())[:3])
+        v.fail(f"{len(stored)} append(s) the CLI reported failed are stored (op tag: "
+               f"replicas): {shown}")
+
+
+def _check_dangling(v: Verdict, replicas: list[Replica]) -> None:
+    dangling = {r.name: r.dangling[:3] for r in replicas if r.dangling}
+    if dangling:
+        total = sum(len(r.dangling) for r in replicas)
+        v.fail(f"{total} event_artifacts row(s) name an artifact the replica does not hold "
+               f"(event|artifact): {dangling}")
 
 
 def _check_prefixes(v: Verdict, replicas: list[Replica]) -> None:

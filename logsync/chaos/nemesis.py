@@ -7,6 +7,11 @@ disk, say -- is logged as ``nemesis_error`` and the schedule goes on; ``heal_all
 restores everything whatever state the faults left: links up, cuts and proxy faults gone,
 disks freed, paused processes continued, skewed nodes restarted on the real clock, dead
 ones started. What it cannot restore is returned (and fails the run's verdict).
+
+A pause lasts its scheduled length from the moment its SIGSTOP really happened: an
+earlier slow step (a restart waits for the daemon to serve) delays its begin, and its end
+moves with it; a pause that began is ended by the nemesis even after the window closed
+(``stop``), so it is never cut short by the heal.
 """
 
 from __future__ import annotations
@@ -57,16 +62,35 @@ class Nemesis:
         self.errors: list[str] = []
 
     def run(self, began: float, stop: threading.Event) -> None:
-        """Run every action at ``began + at`` (timeline seconds) unless ``stop`` is set."""
-        for action in actions(self.faults):
+        """Run every action at ``began + at`` (timeline seconds) until ``stop`` is set;
+        then only the ends of pauses that began, each at its time."""
+        pending = actions(self.faults)
+        paused: set[int] = set()  # the indexes of pauses whose SIGSTOP happened
+        while pending:
+            action = pending.pop(0)
+            if stop.is_set() and not (action.phase == "end" and action.index in paused):
+                continue
             due = began + action.at
-            while not stop.is_set() and self.timeline.now() < due:
-                stop.wait(min(0.2, max(0.0, due - self.timeline.now())))
-            if stop.is_set():
-                return
-            self._do(action, due - began)
+            while self.timeline.now() < due:
+                left = max(0.0, due - self.timeline.now())
+                if action.index in paused:  # a pause's end is kept whatever ``stop`` says
+                    time.sleep(min(0.2, left))
+                elif stop.wait(min(0.2, left)):
+                    break
+            if stop.is_set() and action.index not in paused:
+                continue
+            done_at = self._do(action, due - began)
+            if action.fault.kind == "pause" and action.phase == "begin" and done_at is not None:
+                paused.add(action.index)
+                for later in pending:  # its end: the full length from the real SIGSTOP
+                    if later.index == action.index and later.phase == "end":
+                        later.at = max(later.at, done_at - began + action.fault.duration)
+                pending.sort(key=lambda a: (a.at, a.phase != "end"))
+            elif action.phase == "end":
+                paused.discard(action.index)
 
-    def _do(self, action: Action, due: float) -> None:
+    def _do(self, action: Action, due: float) -> float | None:
+        """Carry one action out; the timeline time it was done, or None if it failed."""
         fault = action.fault
         step = self._step(fault, action.phase)
         began = time.monotonic()
@@ -77,10 +101,12 @@ class Nemesis:
             self.errors.append(message)
             self.timeline.log("nemesis_error", round=self.round_no, index=action.index,
                               fault=fault.kind, phase=action.phase, error=str(exc)[:500])
-            return
-        self.timeline.log("fault", round=self.round_no, index=action.index, fault=fault.kind,
-                          phase=action.phase, targets=fault.targets, params=fault.params,
-                          due=round(due, 2), took=round(time.monotonic() - began, 2))
+            return None
+        entry = self.timeline.log("fault", round=self.round_no, index=action.index,
+                                  fault=fault.kind, phase=action.phase, targets=fault.targets,
+                                  params=fault.params, due=round(due, 2),
+                                  took=round(time.monotonic() - began, 2))
+        return float(entry["t"])
 
     def _step(self, fault: Fault, phase: str) -> Callable[[], object]:
         c, kind, who = self.cluster, fault.kind, fault.targets[0] if fault.targets else ""
@@ -116,20 +142,26 @@ class Nemesis:
 
 
 def heal_all(cluster: Cluster, timeline: Timeline, round_no: int = 0) -> list[str]:
-    """Undo every fault, whatever state it was left in; return what could not be undone."""
+    """Undo every fault, whatever state it was left in; return what could not be undone.
+
+    The network is healed first and logged at once (``network_healed``): replication
+    resumes there, so the time to convergence is measured from it, not from the end of
+    the restarts that follow."""
     problems: list[str] = []
 
-    def attempt(what: str, step: Callable[[], object]) -> None:
+    def attempt(what: str, step: Callable[[], object]) -> bool:
         for n in range(HEAL_ATTEMPTS):
             try:
                 step()
-                return
+                return True
             except Exception as exc:
                 if n == HEAL_ATTEMPTS - 1:
                     problems.append(f"{what}: {exc}")
                 time.sleep(1.0)
+        return False
 
-    attempt("network", cluster.heal_network)
+    if attempt("network", cluster.heal_network):
+        timeline.log("network_healed", round=round_no)
     for pair in list(cluster.proxy_of):
         attempt(f"link {pair}", lambda pair=pair: cluster.degrade(
             pair, loss=0.0, reset=0.0, delay=0.0))

@@ -10,8 +10,11 @@ fills is a tmpfs mounted on a directory named ``lsc<tag>-<node>-disk``. Every pr
 harness starts has ``LOGSYNC_CHAOS_TAG=<tag>`` in its environment.
 
 Ownership. A tag is claimed by an owner file (pid and kernel start time of the harness
-process) under ``/run/logsync-chaos`` (the temp dir when not root). ``sweep()`` removes
-every resource whose tag has no live owner -- processes (SIGCONT, then SIGKILL, by pid),
+process) under ``/run/logsync-chaos`` (when not root: ``/tmp/logsync-chaos``, made
+world-writable and sticky, else the temp dir). A tag is alive when an owner file in *any*
+of these places names a live process (``owner_dirs``), so root's sweep sees a non-root
+harness's tag and the other way round. ``sweep()`` removes every resource whose tag has
+no live owner -- processes (SIGCONT, then SIGKILL, by pid),
 mounts, links, namespaces -- so a harness killed with SIGKILL is cleaned up by the next
 one, and a concurrent run (another live owner) is never touched.
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -100,10 +104,27 @@ def namespaces_unavailable() -> str | None:
 # ── ownership ────────────────────────────────────────────────────────────
 
 
+SHARED_OWNER_DIR = Path("/tmp/logsync-chaos")  # not $TMPDIR: every user's harness looks here
+
+
+def owner_dirs() -> list[Path]:
+    """Every place an owner file may be, whoever wrote it (all are searched)."""
+    places = [Path("/run/logsync-chaos"), SHARED_OWNER_DIR,
+              Path(tempfile.gettempdir()) / "logsync-chaos"]
+    return list(dict.fromkeys(places))
+
+
 def owner_dir() -> Path:
-    base = Path("/run") if os.geteuid() == 0 and Path("/run").is_dir() else Path(
-        tempfile.gettempdir())
-    return base / "logsync-chaos"
+    """Where this process writes its owner files."""
+    if os.geteuid() == 0 and Path("/run").is_dir():
+        return Path("/run/logsync-chaos")
+    with contextlib.suppress(OSError):
+        if not SHARED_OWNER_DIR.exists():
+            SHARED_OWNER_DIR.mkdir()
+            SHARED_OWNER_DIR.chmod(0o1777)
+        if os.access(SHARED_OWNER_DIR, os.W_OK | os.X_OK):
+            return SHARED_OWNER_DIR
+    return Path(tempfile.gettempdir()) / "logsync-chaos"
 
 
 def _start_time(pid: int) -> str | None:
@@ -124,16 +145,22 @@ def claim(tag: str) -> None:
 
 
 def release(tag: str) -> None:
-    with contextlib.suppress(OSError):
-        (owner_dir() / f"{tag}.owner").unlink()
+    for directory in dict.fromkeys([owner_dir(), *owner_dirs()]):
+        with contextlib.suppress(OSError):
+            (directory / f"{tag}.owner").unlink()
 
 
 def owner_alive(tag: str) -> bool:
-    try:
-        owner = json.loads((owner_dir() / f"{tag}.owner").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return owner.get("start") is not None and _start_time(int(owner["pid"])) == owner["start"]
+    """Whether an owner file for ``tag``, wherever it is, names a live process."""
+    for directory in dict.fromkeys([owner_dir(), *owner_dirs()]):
+        try:
+            owner = json.loads((directory / f"{tag}.owner").read_text(encoding="utf-8"))
+            pid, start = int(owner["pid"]), owner.get("start")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if start is not None and _start_time(pid) == start:
+            return True
+    return False
 
 
 # ── what exists ──────────────────────────────────────────────────────────
@@ -177,13 +204,20 @@ def _processes() -> dict[int, str]:
     return found
 
 
+def _unescape(field: str) -> str:
+    """A /proc/self/mounts field: space, tab, newline and backslash are octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def _mounts() -> list[str]:
     points = []
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mounts").read_text().splitlines():
             parts = line.split()
-            if len(parts) > 1 and _tag_of(Path(parts[1]).name) is not None:
-                points.append(parts[1])
+            if len(parts) > 1:
+                point = _unescape(parts[1])
+                if _tag_of(Path(point).name) is not None:
+                    points.append(point)
     return points
 
 

@@ -5,8 +5,10 @@ forwards bytes between a puller and the peer it pulls, and its state says what h
 to each chunk on the way:
 
 - ``frozen``: nothing moves (chunks already read wait; new connections are accepted by
-  the kernel and then wait): a partition, seen by the client as a timeout. Unfreezing
-  delivers what waited, as TCP's retransmissions would after a real partition heals;
+  the kernel and then wait; a close or a reset from either side waits too, so a peer's
+  keep-alive close does not tell the puller of the cut): a partition, seen by the client
+  as a timeout. Unfreezing delivers what waited, as TCP's retransmissions would after a
+  real partition heals;
 - ``loss`` (0..1): per chunk, the chance of a retransmission stall (0.2-1 s);
 - ``reset`` (0..1): per chunk, the chance the connection is cut (both sides aborted);
 - ``delay`` (seconds): latency added to every chunk.
@@ -239,8 +241,10 @@ class ProxyHub:
                     pump.cancel()
                 await asyncio.gather(*pumps, return_exceptions=True)
             if any(p.exception() for p in done if not p.cancelled()):
+                await link.opened.wait()
                 _abort(writer, upstream_writer)
         except (TimeoutError, OSError, _Reset):
+            await link.opened.wait()  # a reset does not cross a frozen link either
             _abort(writer, upstream_writer)
         finally:
             for w in (writer, upstream_writer):
@@ -250,8 +254,13 @@ class ProxyHub:
     async def _pump(self, link: Link, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
                     rewriter: HostRewriter | None) -> None:
         while True:
-            data = await src.read(CHUNK)
+            try:
+                data = await src.read(CHUNK)
+            except OSError:  # the source reset: the other side learns of it once thawed
+                await link.opened.wait()
+                raise
             if not data:
+                await link.opened.wait()  # a close does not cross a frozen link
                 with contextlib.suppress(OSError, RuntimeError):
                     if dst.can_write_eof():
                         dst.write_eof()
@@ -264,6 +273,7 @@ class ProxyHub:
                 await asyncio.sleep(self._rng.uniform(0.2, 1.0))
             if link.reset and self._rng.random() < link.reset:
                 link.resets += 1
+                await link.opened.wait()
                 raise _Reset
             await link.opened.wait()
             if rewriter is not None:

@@ -2,7 +2,11 @@
 
 A round is the nemesis window (``window`` seconds of faults drawn by
 ``schedule.make_schedule`` while the workload appends), then ``heal_all``, then the wait
-for convergence (bounded by ``converge_timeout``) and the checker. A soak repeats rounds
+for convergence (bounded by ``converge_timeout``; the time reported is from the network
+heal, ``heal_at``) and the checker, which also looks for every append the CLI reported
+failed. A round fails when the workload acknowledged nothing in it (nothing was checked);
+a run fails when a kind of its mix was scheduled and never ran because the nemesis could
+not carry it out (an error), and says which kinds did not run otherwise. A soak repeats rounds
 until ``duration`` has passed; the tests run one round per seed. The run's directory
 holds ``timeline.jsonl`` (as it happens), ``verdict.json``, ``timeline.png`` and every
 process's log; ``RunResult.replay`` is the command that replays its nemesis schedule.
@@ -16,6 +20,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -27,7 +32,7 @@ from logsync.chaos.interop import REPO_ROOT
 from logsync.chaos.interop import hub as H
 from logsync.chaos.nemesis import Nemesis, heal_all
 from logsync.chaos.report import plot, write_json
-from logsync.chaos.schedule import Fault, make_schedule, parse_mix
+from logsync.chaos.schedule import NETWORK, Fault, make_schedule, parse_mix
 from logsync.chaos.timeline import Timeline
 from logsync.chaos.workload import Workload
 
@@ -71,14 +76,28 @@ class RunConfig:
         return sorted(random.Random(self.seed + 7).sample(links, min(2, len(links))))
 
     def replay(self, mode: str) -> str:
+        """The command line of this run: every setting the command line has, the ones that
+        differ from its defaults too, numbers written so its parser reads them back."""
         argv = ["python", "-m", "logsync.chaos", "--seed", str(self.seed), "--topology",
                 self.topology, "--mix", self.mix, "--nodes", str(self.nodes), "--mode", mode,
-                "--window", f"{self.window:g}"]
-        argv += (["--duration", f"{self.duration:g}s"] if self.duration
+                "--window", _number(self.window)]
+        argv += (["--duration", _number(self.duration)] if self.duration
                  else ["--rounds", str(self.rounds)])
-        if self.daemon_module != "logsync":
+        defaults = RunConfig(seed=0, out=Path())
+        for option, name in (("--rate", "rate"), ("--interval", "interval"),
+                             ("--converge-timeout", "converge_timeout")):
+            if getattr(self, name) != getattr(defaults, name):
+                argv += [option, _number(getattr(self, name))]
+        if self.daemon_module != defaults.daemon_module:
             argv += ["--daemon-module", self.daemon_module]
         return shlex.join(argv)
+
+
+def _number(value: float) -> str:
+    """``value`` in plain decimals, exactly (``repr``'s digits; no exponent, which the
+    command line's duration parser does not take): 1e6 -> 1000000, 0.5 -> 0.5."""
+    text = format(Decimal(repr(float(value))), "f")
+    return text[:-2] if text.endswith(".0") else text
 
 
 @dataclass
@@ -92,10 +111,13 @@ class RunResult:
     def line(self) -> str:
         s = self.summary
         conv = s["convergence_s"]
+        not_run = s.get("faults_not_run") or {}
         return (f"seed {s['seed']} {s['topology']}/{s['mix']} ({s['mode']}): "
                 f"{'PASS' if self.ok else 'FAIL'}; acknowledged {s['acknowledged']}, lost "
                 f"{s['lost']}, duplicated {s['duplicated']}, divergent {s['divergent']}; "
-                f"heal->converged median {conv['median']} s, max {conv['max']} s")
+                f"heal->converged median {conv['median']} s, max {conv['max']} s"
+                + (f"; faults of the mix that never ran: {', '.join(sorted(not_run))}"
+                   if not_run else ""))
 
 
 def run(cfg: RunConfig, mempalace_exe: Path | None = None) -> RunResult:
@@ -137,6 +159,7 @@ def run(cfg: RunConfig, mempalace_exe: Path | None = None) -> RunResult:
 def _round(cfg: RunConfig, cluster: Cluster, timeline: Timeline, workload: Workload,
            faults: list[Fault], round_no: int) -> dict[str, Any]:
     began = timeline.now()
+    first_op = len(workload.history)
     timeline.log("round", round=round_no, window=cfg.window,
                  schedule=[f.as_dict() for f in faults])
     nemesis = Nemesis(cluster, timeline, faults, round_no)
@@ -150,46 +173,62 @@ def _round(cfg: RunConfig, cluster: Cluster, timeline: Timeline, workload: Workl
     deadline = began + cfg.window
     while timeline.now() < deadline:
         time.sleep(min(0.5, max(0.01, deadline - timeline.now())))
-    stop_faults.set()  # a fault still running is ended by the heal
+    stop_faults.set()  # a fault still running is ended by the heal (a pause by the nemesis)
     stop_appends.set()
     for thread in threads:
         thread.join(NEMESIS_JOIN_S)
+    healing = timeline.now()
     heal_problems = heal_all(cluster, timeline, round_no)
-    heal_at = timeline.now()
-    ran = _ran(timeline, round_no, len(faults), heal_at)
+    healed = timeline.now()
+    # replication resumes at the network heal: convergence is timed from there (the
+    # restarts that follow it in heal_all are part of the recovery, not before it)
+    heal_at = next((float(e["t"]) for e in timeline.of("network_healed")
+                    if e.get("round") == round_no and e["t"] >= round(healing, 3) - 0.001),
+                   healing)
+    ran = _ran(timeline, round_no, faults, heal_at, healed)
     acked = workload.acknowledged()
+    failed = [o.tag for o in list(workload.history) if o.outcome == "fail"]
     members = list(cluster.nodes.values())
 
     def read(deep: bool = False) -> list:
         return [read_replica(n.name, n.kind, n.palace, deep=deep) for n in members]
 
-    took = wait_converged(read, acked, timeout=cfg.converge_timeout)
+    took = wait_converged(read, acked, timeout=cfg.converge_timeout,
+                          since=timeline.t0 + heal_at)
     timeline.log("converged" if took is not None else "not_converged", round=round_no,
                  after_heal_s=None if took is None else round(took, 2))
-    verdict = check(read(deep=True), acked, expected_ledgers=cfg.expected_ledgers)
+    verdict = check(read(deep=True), acked, failed=failed,
+                    expected_ledgers=cfg.expected_ledgers)
     verdict.converged = took is not None
     verdict.convergence_s = None if took is None else round(took, 2)
     if took is None:
         verdict.fail(f"did not converge within {cfg.converge_timeout:g} s of the heal")
     for problem in heal_problems:
         verdict.fail(f"could not heal: {problem}")
+    ops = list(workload.history)[first_op:]  # this round's
+    appends = {o: sum(1 for x in ops if x.outcome == o) for o in ("ok", "fail", "info")}
+    if not appends["ok"]:
+        verdict.fail(f"the workload acknowledged no append this round ({len(ops)} tried: "
+                     f"{appends['fail']} failed, {appends['info']} indeterminate): "
+                     "nothing was checked")
     timeline.log("check", round=round_no, ok=verdict.ok, problems=verdict.problems[:10])
-    ops = list(workload.history)
     return {"round": round_no, "began": round(began, 2), "heal_at": round(heal_at, 2),
-            "convergence_s": verdict.convergence_s,
+            "healed_at": round(healed, 2), "convergence_s": verdict.convergence_s,
             "faults": [{**f.as_dict(), "ran": r} for f, r in zip(faults, ran, strict=True)],
             "nemesis_errors": nemesis.errors, "verdict": verdict.as_dict(),
-            "appends": {o: sum(1 for x in ops if x.outcome == o) for o in ("ok", "fail", "info")}}
+            "appends": appends}
 
 
-def _ran(timeline: Timeline, round_no: int, count: int,
-         heal_at: float) -> list[list[float] | None]:
-    """When each fault of the round really began and ended (the heal, if it did not end)."""
+def _ran(timeline: Timeline, round_no: int, faults: list[Fault], heal_at: float,
+         healed: float) -> list[list[float] | None]:
+    """When each fault of the round really began and ended (if it did not end: the network
+    heal for a network fault, the end of the heal for the others)."""
     acts = [e for e in timeline.of("fault") if e.get("round") == round_no]
     out: list[list[float] | None] = []
-    for index in range(count):
+    for index, fault in enumerate(faults):
         times = {e["phase"]: e["t"] for e in acts if e["index"] == index}
-        out.append([times["begin"], round(times.get("end", heal_at), 3)]
+        ended = heal_at if fault.kind in NETWORK else healed
+        out.append([times["begin"], round(times.get("end", ended), 3)]
                    if "begin" in times else None)
     return out
 
@@ -216,14 +255,20 @@ def _summary(cfg: RunConfig, cluster: Cluster, workload: Workload, rounds: list[
     times = [r["convergence_s"] for r in rounds if r["convergence_s"] is not None]
     verdicts = [r["verdict"] for r in rounds]
     history = workload.history
-    ok = bool(rounds) and all(v["ok"] for v in verdicts) and not leftovers and not problems
+    acknowledged = sum(1 for o in history if o.outcome == "ok")
+    ran, not_run, failing = _faults_run(cfg, rounds)
+    ok = (bool(rounds) and all(v["ok"] for v in verdicts) and not leftovers and not problems
+          and acknowledged > 0 and not failing)
+    run_problems = failing + (["the workload acknowledged no append: nothing was checked"]
+                              if not acknowledged else [])
     return {
         "ok": ok, "seed": cfg.seed, "topology": cfg.topology, "mix": cfg.mix,
         "mode": cluster.mode, "mode_reason": cluster.mode_reason, "tag": cluster.tag,
         "members": cfg.members(),
         "window_s": cfg.window, "rounds_run": len(rounds), "interval_s": cfg.interval,
         "replay": cfg.replay(cluster.mode or cfg.mode),
-        "acknowledged": sum(1 for o in history if o.outcome == "ok"),
+        "problems": run_problems,
+        "acknowledged": acknowledged,
         "failed": sum(1 for o in history if o.outcome == "fail"),
         "indeterminate": sum(1 for o in history if o.outcome == "info"),
         "lost": max((len(v["lost"]) for v in verdicts), default=0),
@@ -232,9 +277,44 @@ def _summary(cfg: RunConfig, cluster: Cluster, workload: Workload, rounds: list[
         "convergence_s": {"median": round(median(times), 2) if times else None,
                           "max": round(max(times), 2) if times else None,
                           "each": times},
-        "faults": {k: sum(1 for r in rounds for f in r["faults"] if f["kind"] == k)
-                   for k in sorted({f["kind"] for r in rounds for f in r["faults"]})},
+        "faults": ran, "faults_not_run": not_run,
+        "nemesis_errors": [e for r in rounds for e in r.get("nemesis_errors", [])],
         "cleanup_problems": problems, "leftovers": leftovers, "swept_at_start": cluster.swept,
         "source": source_of_checkout(),
         "rounds": rounds, "history": [o.as_dict() for o in history],
     }
+
+
+def _faults_run(cfg: RunConfig, rounds: list[dict]) -> tuple[dict[str, int], dict[str, str],
+                                                            list[str]]:
+    """Faults that ran, by kind; the kinds of the mix that never ran, and why; and the
+    problems that fail the run: a kind scheduled whose every fault the nemesis failed to
+    carry out (a ``nemesis_error``: the run did not test what it says it did). A kind that
+    was never scheduled (a window too short for it) or never began without an error (the
+    window closed first: an earlier step ran late) is reported, not failed: the harness
+    did nothing wrong that the verdict could trust less for."""
+    faults = [f for r in rounds for f in r["faults"]]
+    ran: dict[str, int] = {}
+    for f in faults:
+        if f.get("ran"):
+            ran[f["kind"]] = ran.get(f["kind"], 0) + 1
+    errors = [e for r in rounds for e in r.get("nemesis_errors", [])]
+    not_run: dict[str, str] = {}
+    failing: list[str] = []
+    try:
+        mix = parse_mix(cfg.mix)
+    except ValueError:
+        mix = ()
+    for kind in sorted(set(mix) | {f["kind"] for f in faults}):
+        if ran.get(kind):
+            continue
+        scheduled = sum(1 for f in faults if f["kind"] == kind)
+        errored = [e for e in errors if e.split(" ", 1)[0] == kind]
+        if not scheduled:
+            not_run[kind] = "never scheduled"
+        elif errored:
+            not_run[kind] = f"{scheduled} scheduled, none ran: {errored[0][:200]}"
+            failing.append(f"fault {kind}: {not_run[kind]}")
+        else:
+            not_run[kind] = f"{scheduled} scheduled, none began before the window closed"
+    return dict(sorted(ran.items())), not_run, failing

@@ -11,9 +11,12 @@ with that replica's environment -- its clock too, when it is skewed:
 
 An op is *acknowledged* (``ok``) when the CLI exits 0 and prints the event with its id and
 ``(origin_replica, origin_seq)``; *failed* when it exits non-zero (a full disk, a lock held
-by a paused daemon); *indeterminate* (``info``, as Jepsen says) when it timed out and was
-killed: it may or may not have committed, so the checker neither requires nor forbids it.
-Every event carries ``metadata.chaos_op``, a unique tag, so a duplicated op shows.
+by a paused daemon): it definitely did not happen, so the checker fails a run that stores
+it; *indeterminate* (``info``, as Jepsen says) when it timed out and was killed, was
+killed by a signal (a negative return code: the OOM killer, say), or exited 0 without a
+usable answer: it may or may not have committed, so the checker neither requires nor
+forbids it. Every event carries ``metadata.chaos_op``, a unique tag, so a duplicated op
+shows.
 """
 
 from __future__ import annotations
@@ -70,7 +73,13 @@ class Workload:
     def acknowledged(self) -> list[Acked]:
         with self._lock:
             return [Acked(id=o.id, origin=o.origin, origin_seq=o.origin_seq, node=o.node,
-                          tag=o.tag) for o in self.history if o.outcome == "ok"]
+                          tag=o.tag, artifact=o.artifact)
+                    for o in self.history if o.outcome == "ok"]
+
+    def failed(self) -> list[str]:
+        """The tags of the ops the CLI reported failed (none may be stored)."""
+        with self._lock:
+            return [o.tag for o in self.history if o.outcome == "fail"]
 
     def run(self, stop: threading.Event, round_no: int = 0) -> None:
         """Append until ``stop`` is set; returns when every worker has (bounded)."""
@@ -147,6 +156,9 @@ class Workload:
         except H.HarnessError as exc:
             op.outcome, op.error = "info", str(exc)[:300]
             return None
+        if done.returncode < 0:  # killed by a signal at an unknown point: maybe committed
+            op.outcome, op.error = "info", f"killed by signal {-done.returncode}"
+            return None
         if done.returncode != 0:
             op.outcome = "fail"
             said = (done.stderr or done.stdout).decode(errors="replace").strip()
@@ -157,7 +169,10 @@ class Workload:
         except ValueError:
             op.outcome, op.error = "info", f"exit 0 but not JSON: {done.stdout[:200]!r}"
             return None
-        return answer if isinstance(answer, dict) else None
+        if not isinstance(answer, dict):
+            op.outcome, op.error = "info", f"exit 0 but not a JSON object: {done.stdout[:200]!r}"
+            return None
+        return answer
 
     @staticmethod
     def _acknowledge(op: Op, event: Any, artifact: Any) -> None:

@@ -74,6 +74,31 @@ def test_a_lost_acknowledged_op_is_named_with_where_it_is_missing(palaces) -> No
     assert len(verdict.gaps) == 1 and "c:" in verdict.gaps[0]
 
 
+def test_an_acknowledged_artifact_is_required_and_a_dangling_link_fails(palaces) -> None:
+    paths, acked = palaces
+    with Store.open(paths[0]) as author:
+        patch = next(e for e in author.list_ops(author.replica_id) if e["artifact_ids"])
+    key = (patch["id"], patch["origin_replica"], patch["origin_seq"], "a")
+    acked_patch = Acked(*key, "patch", patch["artifact_ids"][0])
+    assert check(read(paths), [*acked, acked_patch]).ok
+    other = Acked(*key, "patch", "art_not_linked")  # acknowledged, never linked
+    verdict = check(read(paths), [*acked, other])
+    assert not verdict.ok and not converged(read(paths), [*acked, other])
+    assert [x.get("artifact_missing_on") for x in verdict.lost] == [["a", "b", "c"]]
+    sql(paths[1], "DELETE FROM artifacts")  # b keeps the link, not the artifact
+    replicas = read(paths)
+    verdict = check(replicas, acked)
+    assert replicas[1].dangling and not converged(replicas, acked)
+    assert any("name an artifact the replica does not hold" in p for p in verdict.problems)
+
+
+def test_an_append_reported_failed_must_be_absent(palaces) -> None:
+    paths, acked = palaces
+    assert check(read(paths), acked, failed=["op-never-stored"]).ok
+    verdict = check(read(paths), acked[:1], failed=["op1"])
+    assert not verdict.ok and any("'op1': ['a', 'b', 'c']" in p for p in verdict.problems)
+
+
 def test_a_duplicated_key_and_op_are_named(palaces) -> None:
     paths, acked = palaces
     sql(paths[1], "DROP INDEX events_origin_seq_idx")  # a hub's file has no such index

@@ -91,3 +91,10 @@ def _wait_cluster_up(timeline: Path, harness: subprocess.Popen[bytes]) -> str:
                     return str(entry["tag"])
         time.sleep(0.2)
     raise AssertionError(f"no cluster_up in {timeline} within {START_TIMEOUT_S:.0f} s")
+
+
+def test_mount_points_with_escaped_characters_are_read_back() -> None:
+    """/proc/self/mounts writes a space in a mount point as \\040 (tab, newline and
+    backslash likewise); the sweep must umount the real path."""
+    assert netns._unescape(r"/tmp/run\040dir/lscabc123-n1-disk") == "/tmp/run dir/lscabc123-n1-disk"
+    assert netns._unescape(r"/a\134b\011c") == "/a\\b\tc"
