@@ -28,7 +28,8 @@ def test_a_lost_write_daemon_fails_the_run_with_its_losses_named(
     assert code == 1, printed
     assert "FAIL" in printed and "acknowledged append(s) lost" in printed
     assert ("replay: python -m logsync.chaos --seed 5 --topology mesh --mix none --nodes 3 "
-            "--mode netns --window 12 --rounds 1 --daemon-module tests.chaos.planted") in printed
+            "--mode netns --window 12 --rounds 1 --converge-timeout 10 "
+            "--daemon-module tests.chaos.planted") in printed  # every non-default setting
     verdict = json.loads((out / "verdict.json").read_text())
     lost = verdict["rounds"][0]["verdict"]["lost"]
     assert verdict["ok"] is False and verdict["lost"] == len(lost) > 0
