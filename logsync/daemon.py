@@ -454,14 +454,19 @@ def serve(config: DaemonConfig, announce: Callable[[str], None] | None = None) -
     The TLS pair is loaded and the listening socket bound *before* the daemon starts, so a
     bad certificate or a port in use is one ``ConfigError`` sentence; ``announce`` (the
     CLI's banner) is called with the URL only once both have passed. uvicorn is handed
-    the socket we bound, so nothing can take the port in between.
+    the socket we bound, so nothing can take the port in between. An empty store joins by
+    snapshot first (`join_before_serving`), with the port checked but not yet held.
     """
     config.check()
     check_tls(config.tls_cert, config.tls_key)
+    if config.snapshot:
+        # A port in use is one sentence now, not after a join; the port is bound for good
+        # only after it, so peers (a fleet of empty daemons started together, each joining)
+        # are refused at once while we join, never left waiting on an unserved socket.
+        listen_socket(config.host, config.port).close()
+        join_before_serving(config)
     sock = listen_socket(config.host, config.port)
     try:
-        if config.snapshot:
-            join_before_serving(config)
         daemon = Daemon(config)
     except BaseException:
         sock.close()

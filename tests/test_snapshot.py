@@ -526,3 +526,41 @@ def test_a_daemon_joins_20000_events_like_an_op_by_op_pull_then_tails(tmp_path: 
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_fleet_of_empty_daemons_started_together_all_serve_at_once(tmp_path: Path) -> None:
+    """Found by the chaos suite: each empty daemon looked for a snapshot at its peers, which
+    had bound their ports but were looking too, so every look hung for its timeout (with
+    retries) and no daemon served within 30 s. The port is now held only after the join,
+    a look is one short try, and an empty peer is not joined from."""
+    names = ("a", "b", "c", "d")
+    ports = {name: free_port() for name in names}
+    for name in names:
+        palace = tmp_path / name
+        palace.mkdir()
+        (palace / "peers.json").write_text(json.dumps({"peers": [
+            {"name": other, "url": f"http://127.0.0.1:{ports[other]}", "token": "tok"}
+            for other in names if other != name]}))
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "logsync", "--palace", str(tmp_path / name), "serve",
+         "--port", str(ports[name]), "--token", "tok", "--interval", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for name in names]
+    began = time.monotonic()
+    try:
+        def all_serve() -> bool:
+            try:
+                return all(httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                           .status_code == 200 for port in ports.values())
+            except httpx.HTTPError:
+                return False
+        wait_for(all_serve, "every daemon serving", timeout=20)
+        assert time.monotonic() - began < 15
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)

@@ -42,6 +42,7 @@ log = logging.getLogger("logsync.snapshot")
 
 MAX_SNAPSHOT_BYTES = 64 * 1024**3
 INSTALL_LOCK_TIMEOUT_S = 1.0
+LOOK_S = 5.0  # one look at a peer's vector before joining from it
 
 
 @dataclass(frozen=True)
@@ -122,15 +123,24 @@ async def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: b
     from logsync.client import PeerClient
 
     began = time.monotonic()
-    async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file,
-                          timeout=request_timeout) as client:
+    # One short look, no retries: a peer that is down, or starting (joining itself), costs
+    # LOOK_S once, so a fleet of empty daemons started together never waits on each other.
+    async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file, timeout=LOOK_S,
+                          connect_timeout=LOOK_S, attempts=1, request_deadline=LOOK_S,
+                          round_deadline=LOOK_S) as look:
         try:
-            answer, _ = await client.fetch(Request("/sync/version_vector"))
+            answer, _ = await look.fetch(Request("/sync/version_vector"))
         except PeerError as exc:  # the pull that follows reports an unreachable peer
             log.debug("peer %s: no snapshot looked for (%s)", label, exc)
             return None
-        if not isinstance(answer, dict) or not parse_extensions(answer).snapshot:
-            return None  # a hub, or a logsync peer that serves none: the ordinary pull
+    if not isinstance(answer, dict) or not parse_extensions(answer).snapshot:
+        return None  # a hub, or a logsync peer that serves none: the ordinary pull
+    vector = answer.get("version_vector")
+    if not isinstance(vector, dict) or not any(isinstance(n, int) and n > 0
+                                               for n in vector.values()):
+        return None  # nothing to join: an empty peer (a fleet started together)
+    async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file,
+                          timeout=request_timeout) as client:
         fd, name = tempfile.mkstemp(prefix=JOIN_PREFIX, suffix=".sqlite3", dir=palace)
         os.close(fd)
         candidate = Path(name)
