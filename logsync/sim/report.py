@@ -188,8 +188,11 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def summarise(reports: list[SimReport]) -> dict[str, Any]:
-    """A sweep over seeds: pass/fail per seed and the spread of the main figures."""
+def summarise(reports: list[SimReport], errors: dict[int, str] | None = None) -> dict[str, Any]:
+    """A sweep over seeds: pass/fail per seed and the spread of the main figures. `errors`:
+    seeds whose run raised (or whose worker died), one sentence each; they count as failed
+    and are listed in their place among the seeds."""
+    errors = errors or {}
     def spread(values: list[float]) -> dict[str, float] | None:
         if not values:
             return None
@@ -197,8 +200,8 @@ def summarise(reports: list[SimReport]) -> dict[str, Any]:
                 "max": round(max(values), 4)}
 
     return {
-        "runs": len(reports),
-        "failed_seeds": [r.seed for r in reports if not r.ok],
+        "runs": len(reports) + len(errors),
+        "failed_seeds": sorted([r.seed for r in reports if not r.ok] + list(errors)),
         "targets_missed_seeds": [r.seed for r in reports if not r.targets_met()],
         "convergence_s": spread([r.convergence_s for r in reports
                                  if r.convergence_s is not None]),
@@ -209,8 +212,11 @@ def summarise(reports: list[SimReport]) -> dict[str, Any]:
         "conflicts": sum(sum(r.conflicts.values()) for r in reports),
         "quarantined": sum(sum(r.quarantined.values()) for r in reports),
         "wall_seconds": round(sum(r.wall_seconds for r in reports), 3),
-        "seeds": [{"seed": r.seed, "ok": r.ok, "trace_hash": r.trace_hash,
-                   "violations": [v.line() for v in r.violations][:5]} for r in reports],
+        "seeds": sorted([{"seed": r.seed, "ok": r.ok, "trace_hash": r.trace_hash,
+                          "violations": [v.line() for v in r.violations][:5]} for r in reports]
+                        + [{"seed": seed, "ok": False, "trace_hash": None, "violations": [],
+                            "error": error} for seed, error in errors.items()],
+                        key=lambda entry: entry["seed"]),
     }
 
 
@@ -223,9 +229,14 @@ def summary_text(summary: dict[str, Any], name: str) -> str:
         if summary[key]:
             s = summary[key]
             lines.append(f"  {key}: min {s['min']} median {s['median']} max {s['max']}")
-    lines.append(f"  conflicts {summary['conflicts']}, quarantined {summary['quarantined']}, "
-                 f"wall clock {summary['wall_seconds']} s")
+    lines.append(f"  conflicts {summary['conflicts']}, quarantined {summary['quarantined']}")
     for seed in summary["seeds"]:
-        if not seed["ok"]:
+        if seed.get("error"):
+            lines.append(f"  seed {seed['seed']}: error: {seed['error']}")
+        elif not seed["ok"]:
             lines.append(f"  seed {seed['seed']}: " + "; ".join(seed["violations"][:2]))
+    # Wall clock last, on a line of its own: the one line that differs between runs.
+    elapsed = summary.get("elapsed_seconds")
+    lines.append(f"  wall clock {summary['wall_seconds']} s over the seeds"
+                 + (f", {elapsed} s elapsed" if elapsed is not None else ""))
     return "\n".join(lines)
