@@ -1,8 +1,12 @@
 """The HTTP face of a replica: what peers, MemPalace hubs and operators talk to.
 
-Routes (GET only; HEAD is answered like GET):
+Routes (GET, and HEAD answered like GET, unless noted):
 
-- ``/healthz``  200 ``text/plain`` ``ok\\n``; the only route without a token.
+- ``/healthz``  200 ``text/plain`` ``ok\\n``; no token needed.
+- ``/``  the status page (HTML, `statuspage.py`): without a credential, a login form;
+  ``POST /login`` (the token as a form field) sets an HttpOnly session cookie the guard
+  accepts like the bearer header, ``POST /logout`` clears it; ``/conflicts.json`` and
+  ``/quarantine.json`` list the ledgers.
 - ``/statusz``  this server's status: replica id, vector, store counts, version, requests.
 - ``/sync/version_vector``  ``{"replica_id", "version_vector", "profile", "profiles",
   "logsync"}``; the last key advertises our extensions (upstream clients read only the keys
@@ -11,16 +15,23 @@ Routes (GET only; HEAD is answered like GET):
 - ``/sync/artifact?id=``  ``{"artifact": ...}``, 404 ``{"error": "artifact '<id>' not found"}``.
 - ``/sync/digests?origin=&at=s1,s2``  ``{"origin", "digests": [[seq, hex|null], ...]}``:
   the origin's hash chain at each seq (extension ``chain``; `logsync.responder`).
+- ``POST /sync/push``  a pushed page (extension ``push``, only with a token;
+  `pushroute.py`, `logsync.pushed`).
+- ``/sync/snapshot``  a consistent copy of the store (extension ``snapshot``;
+  `snapshotroute.py`, `logsync.snapshot`).
 - ``/sync/peers``  the estate in the upstream shape; tokens never appear.
 - ``/logstream/stream``  Server-Sent Events with upstream filters, cursor and frames.
-- ``/metrics``  Prometheus text from a per-app registry.
+- ``/metrics``  Prometheus text from a per-app registry, per-peer series included
+  (`peermetrics.py`).
 
 Request policy, as upstream (``mcp_server/http.py``) except where noted: on a loopback bind
 the ``Host`` header is pinned to loopback names (403); an ``Origin`` header must be loopback
-(403); ``Authorization: Bearer <token>`` compared in constant time on every route but
-``/healthz`` (401) -- unknown routes too, so route probing needs the token (upstream answers
-404 there). A request body over ``max_body_bytes`` is refused with 413. Every error body is
-``{"error": "<one sentence>"}`` (upstream sends HTML for 401/403/404).
+(403); ``Authorization: Bearer <token>`` (or the status page's session cookie) is compared
+in constant time on every route but ``/healthz``, ``/`` and ``/login`` (401) -- unknown
+routes too, so route probing needs the token (upstream answers 404 there). A request body
+over ``max_body_bytes`` is refused with 413 (``/sync/push`` and ``/login`` read their own
+bodies under their own caps). Every error body is ``{"error": "<one sentence>"}``
+(upstream sends HTML for 401/403/404).
 
 Extensions, additive and negotiated (constants shared with ``logsync.engine``, the pulling
 side); a request without them gets upstream bytes, including the silent 500 cap:
