@@ -51,6 +51,7 @@ from logsync.errors import ConfigError, LogsyncError, PeerTransientError, StoreE
 from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop
 from logsync.peerstate import PeerBook, PeerState
 from logsync.push import PushReport
+from logsync.replica import identity_moved
 from logsync.server import create_app, is_loopback_host
 from logsync.server.limits import check_tls, listen_socket, uvicorn_limits
 from logsync.store import Store
@@ -136,6 +137,7 @@ class Daemon:
         self._tasks: dict[str, _PeerTask] = {}
         self.claims = Claims()  # origins being pulled, shared by every peer's loop
         self.store_fault: str | None = None  # a local store fault: pulls pause, /sync/* 503
+        self.identity_change: str | None = None  # why the daemon stopped itself, if it did
         self._next_store_check = 0.0
         self._store_healthy: anyio.Event | None = None  # made in run(): needs the loop
         self._peers_signature: tuple[int, int] | None = ("unread",)  # type: ignore[assignment]
@@ -195,7 +197,23 @@ class Daemon:
                     self._reload_peers(tg)
                     if self.store_fault is not None:
                         await self._check_store()
+                    if self._identity_changed():
+                        self._stop_for(self.identity_change or "")
+                        return
                     await anyio.sleep(PEERS_POLL_S)
+
+    def _identity_changed(self) -> bool:
+        """`logsync reidentify` ran on our palace (`replica.identity_moved`): serving or
+        signing on as the old id would mix two identities, so the daemon stops (exit 1)
+        and its supervisor starts it again under the new one."""
+        self.identity_change = identity_moved(self.config.palace, self.store.replica_id)
+        return self.identity_change is not None
+
+    def _stop_for(self, reason: str) -> None:
+        log.error("%s", reason)
+        self.app.state.logsync.begin_shutdown()
+        self._stop_pulls()
+        self.server.should_exit = True
 
     # ── the store's health ────────────────────────────────────────────
 
@@ -481,3 +499,5 @@ def serve(config: DaemonConfig, announce: Callable[[str], None] | None = None) -
     finally:
         daemon.store.close()
         sock.close()
+    if daemon.identity_change:  # exit 1, so a supervisor (Restart=on-failure) starts it again
+        raise ConfigError(daemon.identity_change)

@@ -76,6 +76,20 @@ def read_replica_id(palace: Path, *, finish: bool = True) -> str | None:
     return str(replica_id)
 
 
+def identity_moved(palace: Path, running_id: str) -> str | None:
+    """Why a process running as `running_id` must stop, when the palace's replica.json now
+    names another id (`logsync reidentify` meanwhile); None when it does not (or cannot
+    be read: that is reported where the palace is opened, not here)."""
+    try:
+        current = read_replica_id(palace, finish=False)
+    except ReplicaIdentityError:
+        return None
+    if current is None or current == running_id:
+        return None
+    return (f"the palace was given a new identity ({current}) while this daemon ran as "
+            f"{running_id}: stopping, so that it starts again under the new one")
+
+
 def get_replica_id(palace: Path, mint: Callable[[], str] | None = None) -> str:
     """Return this palace's id, minting and persisting it on first use: by default derived
     from the palace's signing key (minted first if absent), else `mint()`."""

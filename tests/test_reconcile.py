@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from logsync.store import Store
-from tests.test_daemon import PY, daemons, event_ids, free_port, run, wait_for
+from tests.test_daemon import PY, Daemon, daemons, event_ids, free_port, run, wait_for
 
 __all__ = ["daemons"]  # the fixture, shared with tests/test_daemon.py
 
@@ -144,3 +144,24 @@ def test_status_stops_warning_about_conflicts_once_reviewed(tmp_path: Path) -> N
     run(palace, "conflicts", "review", "--all")
     after = run(palace, "status")
     assert "not reviewed: see" not in after.stderr and "(0 not reviewed)" in after.stdout
+
+
+def test_a_daemon_stops_when_its_palace_is_given_a_new_identity(daemons) -> None:
+    """`logsync reidentify` while the daemon runs: serving or signing on as the old id
+    would mix two identities, so the daemon stops with exit 1 and says why (a supervisor
+    with Restart=on-failure starts it again, under the new id)."""
+    desk = daemons("desk", interval=1)
+    old = json.loads((desk.palace / "replica.json").read_text())["replica_id"]
+    done = run(desk.palace, "reidentify", "--yes", check=False)
+    assert done.returncode == 0, done.stderr
+    new = json.loads((desk.palace / "replica.json").read_text())["replica_id"]
+    assert new != old
+    assert desk.proc.wait(20) == 1
+    log = desk.log.read_text()
+    assert f"the palace was given a new identity ({new}) while this daemon ran as {old}" in log
+    assert "Traceback" not in log
+    again = Daemon(desk.palace, desk.port, desk.token)  # started again: the new identity
+    try:
+        assert again.get("/sync/version_vector").json()["replica_id"] == new
+    finally:
+        assert again.stop() == 0
