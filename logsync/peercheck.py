@@ -17,12 +17,10 @@ import anyio
 
 from logsync.engine import error_kind
 from logsync.peers import Peer, redact_url
-from logsync.peerstate import lack
+from logsync.peerstate import KIND_WORDS, lack
 from logsync.wire import Request, parse_vector_answer
 
 PROBE_TIMEOUT_S = 3.0
-KIND_WORDS = {"auth": "auth failed", "transport": "unreachable", "protocol": "protocol error",
-              "store": "store error", "internal": "internal error"}
 
 
 @dataclass

@@ -61,6 +61,12 @@ def drift(remote: Mapping[str, int], local: Mapping[str, int]) -> dict[str, int]
     return lack(remote, local)
 
 
+# A fault's kind (`error_kind`) in the words `status`, the status page and the metrics'
+# readers see: one table for all of them.
+KIND_WORDS = {"auth": "auth failed", "transport": "unreachable", "protocol": "protocol error",
+              "store": "store error", "internal": "internal error"}
+
+
 def error_kind(error: BaseException) -> str:
     """A short word for status output and metrics labels (see `engine.error_kind`)."""
     return engine_error_kind(error)

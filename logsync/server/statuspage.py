@@ -28,6 +28,7 @@ from starlette.responses import Response
 
 from logsync import __version__
 from logsync.errors import StoreError, shorten
+from logsync.peerstate import KIND_WORDS
 from logsync.server.common import BodyRefused, _error, _json, _Server, read_body
 from logsync.server.peermetrics import iso_to_unix
 from logsync.server.policy import SESSION_COOKIE, credential_ok, session_value
@@ -59,13 +60,7 @@ PAGE_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-ERROR_WORDS = {
-    "auth": "auth failed",
-    "transport": "unreachable",
-    "protocol": "protocol error",
-    "store": "store error",
-    "internal": "internal error",
-}
+ERROR_WORDS = KIND_WORDS  # one table with `logsync status` (peerstate.KIND_WORDS)
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.3em;margin:0 0 .2em}h2{font-size:1.1em;margin:1.4em 0 .4em}
