@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # Importing the command modules registers their commands on `cli`.
 from logsync.cli import (  # noqa: E402
+    conformance,  # noqa: F401
     ledgers,  # noqa: F401
     local,  # noqa: F401
     operator,  # noqa: F401

@@ -1,0 +1,181 @@
+"""The extension checks (§8, §7.4): unknown names ignored, `large_pages` and its page byte
+budget, and the `chain` extension's digests, page `prev` and advertised tips, computed here
+over the walked ops with `logsync.chain` (the one copy of the canonical bytes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from logsync.chain import canonical_op, chain_digests, chain_start
+from logsync.conformance.context import WALK_LIMIT, Run, status_problem
+from logsync.conformance.reads import check_page, ops
+from logsync.errors import PeerProtocolError, shorten
+from logsync.wire import (
+    ADVERTISED_MAX_PAGE,
+    ADVERTISED_MAX_PAGE_BYTES,
+    DIGESTS_PATH,
+    EXT_CHAIN,
+    EXT_INLINE_ARTIFACTS,
+    EXT_LARGE_PAGES,
+    EXTENSIONS_PARAM,
+    MAX_DIGESTS_PER_REQUEST,
+    parse_digests_answer,
+    parse_page,
+)
+
+
+def check_extensions(run: Run) -> None:
+    origins = [o for o in run.origins() if run.walked.get(o)]
+    if origins:
+        _unknown_ignored(run, origins[0])
+    _large_pages(run, origins)
+    _chain(run, origins)
+
+
+def _unknown_ignored(run: Run, origin: str) -> None:
+    """An `ext=` name the peer does not know changes nothing (any peer, a hub too)."""
+    asked = {EXTENSIONS_PARAM: "conformance-no-such-extension"}
+    events = check_page(run, ops(run, origin, 0, WALK_LIMIT, **asked), origin, 0, WALK_LIMIT,
+                        "page-order-and-after")
+    if events is not None:
+        same = events == run.walked[origin][:WALK_LIMIT]
+        run.tally.check("§8", "unknown-extension-ignored", None if same else
+                        f"/sync/ops?origin={origin}&ext=conformance-no-such-extension served "
+                        "other events than the same request without it")
+
+
+def _large_pages(run: Run, origins: list[str]) -> None:
+    """With `ext=large_pages`: at most `max_page` ops, and every answer within
+    `max_page_bytes` (events, inline artifacts and chain together) unless it holds exactly
+    one op; a page over an origin with ops above `after` is never empty."""
+    advert = run.advert or {}
+    if not run.advertises(EXT_LARGE_PAGES):
+        for check in ("max-page", "page-byte-budget"):
+            run.report.not_applicable("§8", check, "large_pages not advertised")
+        return
+    max_page, budget = advert.get(ADVERTISED_MAX_PAGE), advert.get(ADVERTISED_MAX_PAGE_BYTES)
+    if type(max_page) is not int or type(budget) is not int:
+        return  # the advertisement check (§7.1) named it
+    names = [EXT_LARGE_PAGES] + [n for n in (EXT_INLINE_ARTIFACTS, EXT_CHAIN)
+                                 if run.advertises(n)]
+    asked = {EXTENSIONS_PARAM: ",".join(names)}
+    for origin in origins:
+        after = 0
+        for _ in range(2):  # the first page and the one after it
+            reply = ops(run, origin, after, max_page + 1, **asked)
+            events = check_page(run, reply, origin, after, max_page, "page-order-and-after",
+                                inline_asked=EXT_INLINE_ARTIFACTS in names,
+                                chain_asked=EXT_CHAIN in names)
+            if events is None:
+                break
+            where = f"/sync/ops?origin={origin}&after={after}&ext={asked[EXTENSIONS_PARAM]}"
+            run.tally.check("§8", "max-page", None if len(events) <= max_page else
+                            f"{where} served {len(events)} ops; max_page is {max_page}")
+            over = len(reply.body) > budget and len(events) != 1
+            run.tally.check("§8", "page-byte-budget", None if not over else
+                            f"{where} answered {len(reply.body)} bytes holding {len(events)} "
+                            f"ops; max_page_bytes is {budget} (only a one-op page may exceed it)")
+            if not events:
+                if after < run.vector.vector[origin]:
+                    run.tally.bad("§8", "page-byte-budget", f"{where} served no op below the "
+                                  f"origin's vector entry {run.vector.vector[origin]}: a page "
+                                  "must always advance")
+                break
+            after = events[-1]["origin_seq"]
+
+
+def _chain(run: Run, origins: list[str]) -> None:
+    if not run.advertises(EXT_CHAIN):
+        for check in ("digests-match", "page-prev", "tips-match"):
+            run.report.not_applicable("§7.4", check, "chain not advertised")
+        return
+    for origin in origins:
+        digests = computed_chain(run, origin)
+        if not digests:
+            continue
+        seqs = sorted(digests)
+        _digests_match(run, origin, digests, seqs)
+        _page_prev(run, origin, digests, seqs)
+        _tip(run, origin, digests)
+    if ("§7.4", "tips-match") not in run.tally.seen:
+        run.report.not_applicable("§7.4", "tips-match", "no origin was walked to its top")
+
+
+def computed_chain(run: Run, origin: str) -> dict[int, bytes]:
+    """`D(seq)` over the walked ops of `origin` (from its first op), seq 0 included; it
+    stops before the first op naming an artifact the kit did not verify."""
+    events = run.walked.get(origin, [])
+    canonicals: list[bytes] = []
+    for event in events:
+        ids = event.get("artifact_ids") or []
+        if any(a not in run.artifacts for a in ids):
+            break
+        try:
+            canonicals.append(canonical_op(event, [run.artifacts[a] for a in ids]))
+        except ValueError as exc:
+            run.tally.bad("§4", "canonical-bytes", f"op {event.get('origin_seq')} of {origin} "
+                          f"has no canonical bytes: {exc}")
+            break
+    out = {0: chain_start(origin)}
+    for event, digest in zip(events, chain_digests(origin, canonicals), strict=False):
+        out[event["origin_seq"]] = digest
+    return out
+
+
+def _digests_match(run: Run, origin: str, digests: dict[int, bytes], seqs: list[int]) -> None:
+    """`/sync/digests` at the first, a middle and the last computed seq (and one past the
+    top, which the chain does not reach: null) equals the chain computed here."""
+    at = sorted({seqs[min(1, len(seqs) - 1)], seqs[len(seqs) // 2], seqs[-1]})
+    top = run.vector.vector[origin]
+    asked = (*at, top + 1)[:MAX_DIGESTS_PER_REQUEST]
+    where = f"{DIGESTS_PATH}?origin={origin}&at={','.join(map(str, asked))}"
+    reply = run.probe.get(DIGESTS_PATH, {"origin": origin, "at": ",".join(map(str, asked))})
+    problem = status_problem(reply, where)
+    if problem is None:
+        try:
+            found = parse_digests_answer(reply.data, run.label, origin, asked)
+        except PeerProtocolError as exc:
+            problem = str(exc)
+        else:
+            wrong = [(s, d) for s, d in zip(asked, found, strict=True)
+                     if d != digests.get(s)]
+            if wrong:
+                seq, digest = wrong[0]
+                problem = (f"{where} gives {digest.hex()[:16] if digest else None}... at seq "
+                           f"{seq}; the chain computed over the served ops is "
+                           f"{digests[seq].hex()[:16] if seq in digests else None}...")
+    run.tally.check("§7.4", "digests-match", problem)
+
+
+def _page_prev(run: Run, origin: str, digests: dict[int, bytes], seqs: list[int]) -> None:
+    """A page asked with `ext=chain` carries `prev`, the chain at `after`."""
+    after = seqs[len(seqs) // 2 - 1] if len(seqs) > 2 else 0
+    reply = ops(run, origin, after, 1, **{EXTENSIONS_PARAM: EXT_CHAIN})
+    where = f"/sync/ops?origin={origin}&after={after}&ext=chain"
+    problem = status_problem(reply, where)
+    if problem is None:
+        try:
+            page = parse_page(reply.data, run.label, origin, after, 1, chain_asked=True)
+        except PeerProtocolError as exc:
+            problem = str(exc)
+        else:
+            if page.events and page.prev != digests[after]:
+                problem = (f"{where} has chain.prev {_hex(page.prev)}; the chain computed at "
+                           f"{after} is {_hex(digests[after])}")
+    run.tally.check("§7.4", "page-prev", problem)
+
+
+def _tip(run: Run, origin: str, digests: dict[int, bytes]) -> None:
+    """The advertised tip of an origin walked to its top is `[top, D(top)]`."""
+    top = run.vector.vector[origin]
+    if not run.complete.get(origin) or top not in digests:
+        return
+    tip: Any = run.vector.tips.get(origin)
+    raw = ((run.advert or {}).get("tips") or {}).get(origin)
+    run.tally.check("§7.4", "tips-match", None if tip == (top, digests[top]) else
+                    f"logsync.tips[{origin}] is {shorten(raw)}; expected [{top}, "
+                    f"{_hex(digests[top])}]")
+
+
+def _hex(digest: bytes | None) -> str:
+    return f"{digest.hex()[:16]}..." if digest else "null"

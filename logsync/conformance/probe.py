@@ -1,0 +1,158 @@
+"""The kit's one HTTP edge: a request to the peer under test, bounded in bytes, time and
+count, answered as raw status, content type and bytes plus the decoded body.
+
+A conformance kit talks to peers it does not trust: every answer's bytes are capped
+(`client.MAX_RESPONSE_BYTES`), every request has a deadline (httpx's timeouts are per
+read, so a peer dripping one byte at a time is stopped by the clock between chunks),
+the run has a total deadline and a request budget, and decoding is `answers.decode_answer`
+(the puller's own bounds). Unlike the client it never retries and never raises for a
+status: the status is what a check looks at.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from logsync import __version__
+from logsync.answers import (
+    ACCEPT_ENCODING,
+    MSGPACK_TYPE,
+    decode_answer,
+    encoding_problem,
+    translate_transport,
+)
+from logsync.client import MAX_RESPONSE_BYTES, tls_context
+from logsync.conformance import DEFAULT_DEADLINE_S, DEFAULT_MAX_REQUESTS, DEFAULT_TIMEOUT_S
+from logsync.errors import LogsyncError, PeerError
+
+
+class ProbeError(LogsyncError):
+    """A request got no answer to judge (transport failure, past a cap or a deadline);
+    the sentence names which."""
+
+
+class OutOfBudget(ProbeError):
+    """The run's deadline or request budget is spent: no further request is made."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One answer: status, content type, the raw body, and the decoded body (`data`,
+    None when it did not decode: `problem` says why)."""
+
+    status: int
+    ctype: str
+    body: bytes
+    data: Any
+    problem: str | None
+    headers: httpx.Headers
+
+    def is_json_object(self) -> bool:
+        return isinstance(self.data, dict)
+
+
+class Probe:
+    """Requests to one peer; use as a context manager. `label` names it in sentences."""
+
+    def __init__(self, url: str, token: str | None, *, timeout: float = DEFAULT_TIMEOUT_S,
+                 deadline: float = DEFAULT_DEADLINE_S, max_requests: int = DEFAULT_MAX_REQUESTS,
+                 max_bytes: int = MAX_RESPONSE_BYTES, ca_file: str | None = None,
+                 label: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.label = label or self.url
+        self.timeout = timeout
+        self.max_requests = max_requests
+        self.max_bytes = max_bytes
+        self.requests = 0
+        self.started = time.monotonic()
+        self.ends = self.started + deadline
+        headers = {"User-Agent": f"logsync-conformance/{__version__}",
+                   "Accept": "application/json", **ACCEPT_ENCODING}
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, follow_redirects=False,
+            verify=tls_context(True, ca_file) if self.url.startswith("https:") else False)
+
+    def __enter__(self) -> Probe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.close()
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def get(self, path: str, params: dict[str, Any] | None = None, *, auth: str | None = "",
+            msgpack: bool = False) -> Reply:
+        """GET `path`; `auth` "" sends our token, None sends none, any other text is sent
+        as the whole Authorization header."""
+        return self._request("GET", path, params, auth, msgpack, None)
+
+    def post(self, path: str, body: bytes) -> Reply:
+        return self._request("POST", path, None, "", False, body)
+
+    def head_only(self, path: str, params: dict[str, Any] | None = None) -> Reply:
+        """GET `path` but read no body (a stream that never ends): status and headers."""
+        return self._request("GET", path, params, "", False, None, read_body=False)
+
+    def _request(self, method: str, path: str, params: dict[str, Any] | None,
+                 auth: str | None, msgpack: bool, content: bytes | None,
+                 read_body: bool = True) -> Reply:
+        where = f"{method} {path}"
+        left = self.ends - time.monotonic()
+        if left <= 0:
+            raise OutOfBudget(f"the kit's deadline passed before {where}")
+        if self.requests >= self.max_requests:
+            raise OutOfBudget(f"the kit's budget of {self.max_requests} requests is spent "
+                              f"before {where}")
+        self.requests += 1
+        headers = {"Accept": MSGPACK_TYPE} if msgpack else {}
+        if auth == "" and self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        elif auth:
+            headers["Authorization"] = auth
+        if content is not None:
+            headers["Content-Type"] = "application/json"
+        budget = min(self.timeout, left)
+        ends = time.monotonic() + budget
+        try:
+            with self._http.stream(method, path, params=params, headers=headers, content=content,
+                                   timeout=httpx.Timeout(budget, connect=min(5.0, budget))
+                                   ) as response:
+                body = self._read(response, where, ends) if read_body else b""
+                status, ctype, got = (response.status_code,
+                                      response.headers.get("content-type", ""), response.headers)
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            error = translate_transport(exc, f"{self.label}: {where}", self.label)
+            raise ProbeError(str(error)) from None
+        data, problem = None, None
+        if body:
+            try:
+                data = decode_answer(ctype, body, where, self.label)
+            except PeerError as exc:
+                problem = str(exc).removeprefix(f"{where} ")
+        return Reply(status, ctype.split(";")[0].strip().lower(), body, data, problem, got)
+
+    def _read(self, response: httpx.Response, where: str, ends: float) -> bytes:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            raise ProbeError(f"{self.label}: {where} announced a {declared}-byte answer; the "
+                             f"kit's cap is {self.max_bytes} bytes")
+        problem = encoding_problem(response.headers)
+        if problem:
+            raise ProbeError(f"{self.label}: {where} {problem}")
+        body = bytearray()
+        for chunk in response.iter_raw():
+            body += chunk
+            if len(body) > self.max_bytes:
+                raise ProbeError(f"{self.label}: {where} sent more than the kit's cap of "
+                                 f"{self.max_bytes} bytes")
+            if time.monotonic() > ends:
+                raise ProbeError(f"{self.label}: {where} did not finish within "
+                                 f"{self.timeout:g} s")
+        return bytes(body)

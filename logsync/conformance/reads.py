@@ -1,0 +1,267 @@
+"""The upstream read checks: the vector (§3, §6, §7.1, §13), the ops pages (§4, §5, §6,
+§7.2) and artifacts (§7.3). Every rule is the puller's own (`wire.parse_vector_answer`,
+`wire.parse_page`, `model.validate_remote_event`, `model.validate_remote_artifact`): the
+kit only asks the questions a puller does not, and names the section a failure breaks."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from logsync.conformance.context import (
+    MAX_ARTIFACTS,
+    MAX_WALK_PAGES,
+    WALK_LIMIT,
+    Run,
+    status_problem,
+)
+from logsync.errors import PeerProtocolError, ValidationError, shorten
+from logsync.model import validate_remote_artifact, validate_remote_event
+from logsync.responder import EXTENSIONS
+from logsync.wire import (
+    ADVERTISED_MAX_PAGE,
+    ADVERTISED_MAX_PAGE_BYTES,
+    ADVERTISED_MAX_PUSH_BYTES,
+    EXT_LARGE_PAGES,
+    EXT_PUSH,
+    EXT_SNAPSHOT,
+    UPSTREAM_PAGE_LIMIT,
+    parse_artifact_answer,
+    parse_page,
+)
+
+KNOWN_EXTENSIONS = (*EXTENSIONS, EXT_PUSH, EXT_SNAPSHOT)
+OPS = "/sync/ops"
+
+
+def check_vector(run: Run) -> None:
+    """§3, §6, §7.1, §13 from the vector answer already parsed by `wire.parse_vector_answer`
+    (which refused a bad `replica_id` or a non-object vector: the run never got here)."""
+    report, vector = run.report, run.vector
+    report.passed("§3", "replica-id", f"replica_id {vector.replica_id}")
+    report.passed("§7.1", "vector-answer", f"{len(vector.vector)} origins")
+    bad_ids = {o: why for o, why in vector.skipped_origins.items() if "replica id" in why}
+    bad_counts = {o: why for o, why in vector.skipped_origins.items() if o not in bad_ids}
+    if bad_ids:
+        origin, why = next(iter(bad_ids.items()))
+        report.failed("§3", "vector-origin-ids", f"version_vector key {shorten(origin)}: {why}")
+    else:
+        report.passed("§3", "vector-origin-ids")
+    if bad_counts:
+        origin, why = next(iter(bad_counts.items()))
+        report.failed("§6", "vector-entries", f"version_vector[{origin}]: {why}")
+    else:
+        report.passed("§6", "vector-entries")
+    _check_advertisement(run)
+
+
+def _check_advertisement(run: Run) -> None:
+    report, advert = run.report, run.advert
+    if advert is None:
+        if "logsync" in run.answer:
+            report.failed("§7.1", "advertisement", f"'logsync' is {shorten(run.answer['logsync'])}"
+                          ", not an object")
+        else:
+            report.not_applicable("§7.1", "advertisement", "no 'logsync' advertisement (an "
+                                  "upstream hub: no extensions)")
+        report.not_applicable("§13", "version", "no 'logsync' advertisement")
+        return
+    version = advert.get("version")
+    if isinstance(version, str) and version.strip():
+        report.passed("§13", "version", f"version {shorten(version)}")
+    else:
+        report.failed("§13", "version", f"logsync.version={shorten(version)} must be a "
+                      "non-empty string")
+    names = advert.get("extensions")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        report.failed("§7.1", "advertisement", f"logsync.extensions={shorten(names)} must be "
+                      "a list of extension names")
+        return
+    problems = []
+    for key, needed in ((ADVERTISED_MAX_PAGE, EXT_LARGE_PAGES in names),
+                        (ADVERTISED_MAX_PAGE_BYTES, EXT_LARGE_PAGES in names),
+                        (ADVERTISED_MAX_PUSH_BYTES, EXT_PUSH in names)):
+        value = advert.get(key)
+        if (needed or value is not None) and not (type(value) is int and value > 0):
+            problems.append(f"logsync.{key}={shorten(value)} must be a positive integer")
+    max_page = advert.get(ADVERTISED_MAX_PAGE)
+    if type(max_page) is int and 0 < max_page < UPSTREAM_PAGE_LIMIT:
+        problems.append(f"logsync.max_page={max_page} must be at least {UPSTREAM_PAGE_LIMIT}")
+    if problems:
+        report.failed("§7.1", "advertisement", "; ".join(problems))
+        return
+    unknown = [n for n in names if n not in KNOWN_EXTENSIONS]
+    note = f"extensions {', '.join(names) or 'none'}"
+    if unknown:  # a newer peer's names are not a fault: a puller ignores them (§8)
+        note += f" ({len(unknown)} this kit does not know: {shorten(', '.join(unknown))})"
+    report.passed("§7.1", "advertisement", note)
+
+
+# ── §7.2 ops ──────────────────────────────────────────────────────────
+
+
+def ops(run: Run, origin: str, after: int, limit: int, **extra: Any) -> Any:
+    """One `/sync/ops` page (params as the wire writes them)."""
+    params = {"origin": origin, "after": after, "limit": limit}
+    msgpack = extra.pop("msgpack", False)
+    params.update(extra)
+    return run.probe.get(OPS, params, msgpack=msgpack)
+
+
+def check_page(run: Run, reply: Any, origin: str, after: int, limit: int, check: str,
+               **asked: bool) -> list[dict[str, Any]] | None:
+    """The page's events when `wire.parse_page` takes it and its `count` and `origin` are
+    its own; else None, the problem tallied under §7.2 `check`."""
+    where = f"/sync/ops?origin={origin}&after={after}&limit={limit}"
+    problem = status_problem(reply, where)
+    if problem is None:
+        try:
+            page = parse_page(reply.data, run.label, origin, after, limit, **asked)
+        except PeerProtocolError as exc:
+            problem = str(exc).removesuffix("; nothing of it was stored")
+        else:
+            count, named = reply.data.get("count"), reply.data.get("origin")
+            if count != len(page.events):
+                problem = f"{where} has count={shorten(count)} for {len(page.events)} events"
+            elif named != origin:
+                problem = f"{where} names origin={shorten(named)}"
+    run.tally.check("§7.2", check, problem)
+    return None if problem else page.events
+
+
+def walk(run: Run, origin: str) -> None:
+    """Pull `origin` from after=0 in pages of `WALK_LIMIT` (bounded), checking each page
+    (§7.2), each op (§4) and the HLC order (§5); whether it reached the vector's entry
+    exactly is §6."""
+    top = run.vector.vector[origin]
+    events: list[dict[str, Any]] = []
+    after, reached = 0, False
+    for _ in range(MAX_WALK_PAGES):
+        page = check_page(run, ops(run, origin, after, WALK_LIMIT), origin, after, WALK_LIMIT,
+                          "page-order-and-after")
+        if page is None:
+            break
+        events.extend(page)
+        if not page or page[-1]["origin_seq"] >= top:
+            reached = True
+            break
+        after = page[-1]["origin_seq"]
+    run.walked[origin] = events
+    run.complete[origin] = reached
+    for event in events:
+        try:
+            validate_remote_event(event)
+        except ValidationError as exc:
+            run.tally.bad("§4", "event-valid", f"op {event.get('origin_seq')} of {origin}: {exc}")
+        else:
+            run.tally.ok("§4", "event-valid")
+    for before, event in zip(events, events[1:], strict=False):
+        run.tally.check("§5", "hlc-rises-with-origin-seq", None if str(event.get("hlc")) > str(
+            before.get("hlc")) else f"op {event['origin_seq']} of {origin} has hlc "
+            f"{shorten(event.get('hlc'))}, not above op {before['origin_seq']}'s "
+            f"{shorten(before.get('hlc'))}")
+    if reached:
+        last = events[-1]["origin_seq"] if events else 0
+        run.tally.check("§6", "walk-reaches-vector", None if last == top else
+                        f"walking origin {origin} from after=0 ended at origin_seq {last}; its "
+                        f"version_vector entry is {top}")
+
+
+def check_ops(run: Run) -> None:
+    """Every §7.2 rule over the walked origins (the walks first)."""
+    origins = run.origins()
+    for origin in origins:
+        walk(run, origin)
+    if not origins:
+        run.report.not_applicable("§7.2", "page-order-and-after", "the peer holds no ops")
+        return
+    for origin in origins:
+        _offsets(run, origin)
+    _upstream_cap(run, origins[0])
+    _msgpack_same(run, origins[0])
+
+
+def _offsets(run: Run, origin: str) -> None:
+    """`after=k` starts at the first op above k (k = 0 and one in the middle), and
+    `after=<vector entry>` is an empty page."""
+    seqs = [e["origin_seq"] for e in run.walked.get(origin, [])]
+    top = run.vector.vector[origin]
+    probes = [0] + ([seqs[len(seqs) // 2 - 1]] if len(seqs) >= 2 else [])
+    for k in probes:
+        following = [s for s in seqs if s > k][:1]
+        page = check_page(run, ops(run, origin, k, 2), origin, k, 2, "after-offset")
+        if page is None or not following:
+            continue
+        first = page[0]["origin_seq"] if page else None
+        run.tally.check("§7.2", "after-offset", None if first == following[0] else
+                        f"/sync/ops?origin={origin}&after={k} starts at origin_seq "
+                        f"{shorten(first)}; the first op above {k} is {following[0]}")
+    page = check_page(run, ops(run, origin, top, 2), origin, top, 2, "empty-above-top")
+    if page:
+        run.tally.bad("§7.2", "empty-above-top", f"/sync/ops?origin={origin}&after={top} (its "
+                      f"version_vector entry) served {len(page)} ops; expected none")
+
+
+def _upstream_cap(run: Run, origin: str) -> None:
+    """Without `large_pages` a page holds at most 500 ops whatever `limit` asks."""
+    asked = 4 * UPSTREAM_PAGE_LIMIT
+    page = check_page(run, ops(run, origin, 0, asked), origin, 0, UPSTREAM_PAGE_LIMIT,
+                      "upstream-page-cap")
+    walked = run.walked.get(origin, [])
+    if page is None or not (run.complete.get(origin) or len(walked) >= UPSTREAM_PAGE_LIMIT):
+        return
+    want = min(UPSTREAM_PAGE_LIMIT, len(walked))
+    run.tally.check("§7.2", "upstream-page-cap", None if len(page) == want else
+                    f"/sync/ops?origin={origin}&limit={asked} served {len(page)} ops; expected "
+                    f"{want} (the ops there are, up to the cap of {UPSTREAM_PAGE_LIMIT} without "
+                    "large_pages)")
+
+
+def _msgpack_same(run: Run, origin: str) -> None:
+    """With `msgpack` advertised, the msgpack answer is the JSON answer's object."""
+    if not run.ext.msgpack:
+        run.report.not_applicable("§8", "msgpack-same-events", "msgpack not advertised")
+        return
+    reply = ops(run, origin, 0, WALK_LIMIT, msgpack=True)
+    events = check_page(run, reply, origin, 0, WALK_LIMIT, "page-order-and-after")
+    if events is None:
+        return
+    expected = run.walked[origin][:len(events)]
+    if reply.ctype not in ("application/msgpack", "application/x-msgpack"):
+        run.tally.bad("§8", "msgpack-same-events", f"/sync/ops with Accept: application/msgpack"
+                      f" answered Content-Type {shorten(reply.ctype)}")
+    elif events != expected or len(events) != min(WALK_LIMIT, len(run.walked[origin])):
+        run.tally.bad("§8", "msgpack-same-events", f"the msgpack page of origin {origin} "
+                      "decodes to other events than the JSON page")
+    else:
+        run.tally.ok("§8", "msgpack-same-events")
+
+
+# ── §7.3 artifacts ────────────────────────────────────────────────────
+
+
+def check_artifacts(run: Run) -> None:
+    """Each artifact the walked ops name (bounded) is served with content matching its
+    sha256; an id nobody holds is 404."""
+    named = sorted({a for events in run.walked.values() for e in events
+                    for a in e.get("artifact_ids") or [] if isinstance(a, str)})
+    for artifact_id in named[:MAX_ARTIFACTS]:
+        reply = run.probe.get("/sync/artifact", {"id": artifact_id})
+        problem = status_problem(reply, f"/sync/artifact?id={artifact_id}")
+        if problem is None:
+            try:
+                artifact = parse_artifact_answer(reply.data, run.label, artifact_id)
+                assert artifact is not None
+                checked = validate_remote_artifact(artifact)
+            except (PeerProtocolError, ValidationError) as exc:
+                problem = str(exc)
+            else:
+                run.artifacts[artifact_id] = checked["sha256"]
+        run.tally.check("§7.3", "artifact-sha256", problem)
+    if not named:
+        run.report.not_applicable("§7.3", "artifact-sha256", "no walked op names an artifact")
+    absent = f"art_conformance_absent_{secrets.token_hex(6)}"
+    reply = run.probe.get("/sync/artifact", {"id": absent})
+    run.tally.check("§7.3", "absent-artifact-404", None if reply.status == 404 else
+                    f"/sync/artifact?id={absent} (held nowhere) answered HTTP {reply.status}; "
+                    "expected 404")

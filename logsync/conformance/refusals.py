@@ -1,0 +1,115 @@
+"""What a peer refuses and how (§11 errors, §12 the bearer token), and the two routes a
+kit may only open, never read to the end (§7.6 snapshot, §7.7 change stream).
+
+An error answer is `{"error": CODE, "reason": SENTENCE}` with CODE from
+`logsync.errorcodes.ERROR_CODES` carrying the answer's status, from a peer that advertises
+`logsync`; a peer that does not (a MemPalace hub) answers upstream's `{"error":
+SENTENCE}`, and its unknown-route 404 and 401 are the HTML pages of Python's
+`http.server`, whose status alone is judged."""
+
+from __future__ import annotations
+
+import secrets
+
+from logsync.conformance.context import Run
+from logsync.conformance.probe import Reply
+from logsync.errorcodes import ERROR_CODES, code_of, reason_of
+from logsync.errors import shorten
+from logsync.snapshot import SNAPSHOT_PATH
+from logsync.wire import EXT_SNAPSHOT
+
+
+# (check, path, params, status): the refusals every peer makes, upstream's included.
+def _refusals(origin: str) -> list[tuple[str, str, dict[str, str], int]]:
+    return [
+        ("negative-after", "/sync/ops", {"origin": origin, "after": "-1"}, 400),
+        ("zero-limit", "/sync/ops", {"origin": origin, "limit": "0"}, 400),
+        ("missing-origin", "/sync/ops", {"after": "0"}, 400),
+        ("unknown-route", "/sync/nope", {}, 404),
+    ]
+
+
+def shape_problem(reply: Reply, advertised: bool, where: str) -> str | None:
+    """Why an error answer's body breaks §11's shape, or None."""
+    data = reply.data
+    if advertised:
+        code = code_of(data)
+        if code is None or not reason_of(data):
+            return (f"{where} answered {shorten(reply.body[:160])}; a peer advertising "
+                    "logsync answers {\"error\": CODE, \"reason\": SENTENCE} with CODE from "
+                    "the error table")
+        if ERROR_CODES[code][0] != reply.status:
+            return (f"{where} answered HTTP {reply.status} with code {code!r}, which the "
+                    f"error table sends with {ERROR_CODES[code][0]}")
+        return None
+    if isinstance(data, dict) and isinstance(data.get("error"), str) and data["error"].strip():
+        return None
+    return (f"{where} answered {shorten(reply.body[:160])}; expected upstream's "
+            "{\"error\": SENTENCE}")
+
+
+def check_errors(run: Run) -> None:
+    advertised = run.advert is not None
+    origin = next(iter(run.origins()), None) or run.vector.replica_id
+    for check, path, params, status in _refusals(origin):
+        query = "&".join(f"{k}={v}" for k, v in params.items())
+        where = f"{path}{'?' + query if query else ''}"
+        reply = run.probe.get(path, params)
+        if reply.status != status:
+            run.report.failed("§11", check, f"{where} answered HTTP {reply.status}; expected "
+                              f"{status}")
+            continue
+        if not advertised and path == "/sync/nope":
+            run.report.passed("§11", check, "status only: upstream's 404 page is HTML")
+            continue
+        problem = shape_problem(reply, advertised, where)
+        if problem:
+            run.report.failed("§11", check, problem)
+        else:
+            run.report.passed("§11", check, "logsync shape" if advertised else "upstream shape")
+
+
+def check_auth(run: Run) -> None:
+    """With a token given: no token and a wrong one are both 401."""
+    if not run.probe.token:
+        run.report.not_applicable("§12", "token-required", "no --token given: an open peer "
+                                  "and one that checks tokens look alike")
+        return
+    advertised = run.advert is not None
+    wrong = f"Bearer conformance-wrong-{secrets.token_hex(8)}"
+    for check, auth in (("token-required", None), ("wrong-token-refused", wrong)):
+        where = "/sync/version_vector " + ("without a token" if auth is None else
+                                           "with a wrong token")
+        reply = run.probe.get("/sync/version_vector", auth=auth)
+        if reply.status != 401:
+            run.report.failed("§12", check, f"{where} answered HTTP {reply.status}; "
+                              "expected 401")
+            continue
+        if advertised:
+            run.tally.check("§11", "unauthorized-shape", shape_problem(reply, True, where))
+        run.report.passed("§12", check)
+
+
+def check_snapshot(run: Run) -> None:
+    """§7.6: a peer advertising `snapshot` answers its route (read no further: a copy of
+    the whole store is the joiner's to read)."""
+    if not run.advertises(EXT_SNAPSHOT):
+        run.report.not_applicable("§7.6", "snapshot-served", "snapshot not advertised")
+        return
+    reply = run.probe.head_only(SNAPSHOT_PATH)
+    run.report.add("§7.6", "snapshot-served", "pass" if reply.status == 200 else "fail",
+                   "" if reply.status == 200 else
+                   f"{SNAPSHOT_PATH} answered HTTP {reply.status}; the peer advertises "
+                   "snapshot, so expected 200")
+
+
+def check_stream(run: Run) -> None:
+    """§7.7: `/logstream/stream` opens as an event stream (headers only: it never ends)."""
+    reply = run.probe.head_only("/logstream/stream")
+    ctype = reply.ctype
+    if reply.status == 200 and ctype == "text/event-stream":
+        run.report.passed("§7.7", "stream-opens")
+    else:
+        run.report.failed("§7.7", "stream-opens", f"/logstream/stream answered HTTP "
+                          f"{reply.status} with Content-Type {shorten(ctype)}; expected 200 "
+                          "text/event-stream")
