@@ -67,6 +67,7 @@ class Run:
     tally: Tally = field(default_factory=Tally)
     walked: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # from after=0
     complete: dict[str, bool] = field(default_factory=dict)  # the walk reached the top
+    broken: set[str] = field(default_factory=set)  # origins whose walk met a bad page
     artifacts: dict[str, str] = field(default_factory=dict)  # id -> verified sha256
 
     @property
@@ -86,6 +87,12 @@ class Run:
         advert = self.advert
         names = advert.get("extensions") if advert else None
         return isinstance(names, list) and name in names
+
+    def sound(self) -> list[str]:
+        """The walked origins whose every page passed: the later checks compare against
+        these walks (a broken one is already failed under §7.2, and comparing with it
+        would blame other sections for the same fault)."""
+        return [o for o in self.origins() if self.walked.get(o) and o not in self.broken]
 
     def origins(self) -> list[str]:
         """The origins the read checks walk: those holding the most ops first, bounded."""

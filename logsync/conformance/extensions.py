@@ -19,13 +19,13 @@ from logsync.wire import (
     EXT_LARGE_PAGES,
     EXTENSIONS_PARAM,
     MAX_DIGESTS_PER_REQUEST,
+    parse_digest,
     parse_digests_answer,
-    parse_page,
 )
 
 
 def check_extensions(run: Run) -> None:
-    origins = [o for o in run.origins() if run.walked.get(o)]
+    origins = run.sound()
     if origins:
         _unknown_ignored(run, origins[0])
     _large_pages(run, origins)
@@ -151,18 +151,14 @@ def _page_prev(run: Run, origin: str, digests: dict[int, bytes], seqs: list[int]
     """A page asked with `ext=chain` carries `prev`, the chain at `after`."""
     after = seqs[len(seqs) // 2 - 1] if len(seqs) > 2 else 0
     reply = ops(run, origin, after, 1, **{EXTENSIONS_PARAM: EXT_CHAIN})
-    where = f"/sync/ops?origin={origin}&after={after}&ext=chain"
-    problem = status_problem(reply, where)
-    if problem is None:
-        try:
-            page = parse_page(reply.data, run.label, origin, after, 1, chain_asked=True)
-        except PeerProtocolError as exc:
-            problem = str(exc)
-        else:
-            if page.events and page.prev != digests[after]:
-                problem = (f"{where} has chain.prev {_hex(page.prev)}; the chain computed at "
-                           f"{after} is {_hex(digests[after])}")
-    run.tally.check("§7.4", "page-prev", problem)
+    if check_page(run, reply, origin, after, 1, "page-order-and-after",
+                  chain_asked=True) is None:
+        return  # the page's shape (a missing or malformed `prev` too) is §7.2's
+    chain = reply.data.get("chain")
+    prev = parse_digest(chain.get("prev")) if isinstance(chain, dict) else None
+    run.tally.check("§7.4", "page-prev", None if prev == digests[after] else
+                    f"/sync/ops?origin={origin}&after={after}&ext=chain has chain.prev "
+                    f"{_hex(prev)}; the chain computed at {after} is {_hex(digests[after])}")
 
 
 def _tip(run: Run, origin: str, digests: dict[int, bytes]) -> None:

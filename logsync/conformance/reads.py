@@ -140,6 +140,7 @@ def walk(run: Run, origin: str) -> None:
         page = check_page(run, ops(run, origin, after, WALK_LIMIT), origin, after, WALK_LIMIT,
                           "page-order-and-after")
         if page is None:
+            run.broken.add(origin)
             break
         events.extend(page)
         if not page or page[-1]["origin_seq"] >= top:
@@ -178,7 +179,7 @@ def check_ops(run: Run) -> None:
     for origin in origins:
         _offsets(run, origin)
     _upstream_cap(run, origins[0])
-    _msgpack_same(run, origins[0])
+    _msgpack_same(run, run.sound()[:1])
 
 
 def _offsets(run: Run, origin: str) -> None:
@@ -217,11 +218,14 @@ def _upstream_cap(run: Run, origin: str) -> None:
                     "large_pages)")
 
 
-def _msgpack_same(run: Run, origin: str) -> None:
+def _msgpack_same(run: Run, sound: list[str]) -> None:
     """With `msgpack` advertised, the msgpack answer is the JSON answer's object."""
     if not run.ext.msgpack:
         run.report.not_applicable("§8", "msgpack-same-events", "msgpack not advertised")
         return
+    if not sound:
+        return
+    origin = sound[0]
     reply = ops(run, origin, 0, WALK_LIMIT, msgpack=True)
     events = check_page(run, reply, origin, 0, WALK_LIMIT, "page-order-and-after")
     if events is None:
