@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from logsync.conformance.report import EXIT_FAIL, EXIT_PASS, EXIT_UNUSABLE, NA, PASS
@@ -55,8 +56,8 @@ def served(populated: Path, tmp_path: Path) -> Iterator[callable]:
     shutil.copytree(populated, palace)
     live: list[LiveServer] = []
 
-    def serve(deviation: str | None) -> str:
-        app = create_app(store_factory=lambda: Store.open(palace), token=TOKEN)
+    def serve(deviation: str | None, **settings: int) -> str:
+        app = create_app(store_factory=lambda: Store.open(palace), token=TOKEN, **settings)
         server = LiveServer(DeviantPeer(app, deviation)).__enter__()
         live.append(server)
         return server.url
@@ -100,14 +101,28 @@ def test_a_logsync_daemon_passes_every_applicable_check(populated: Path,
         assert len(store.version_vector()) == 3
 
 
+def vector_of(url: str) -> dict:
+    return httpx.get(url + "/sync/version_vector", timeout=5,
+                     headers={"Authorization": f"Bearer {TOKEN}"}).json()["version_vector"]
+
+
 def test_the_wrapper_without_a_deviation_passes_and_reads_change_nothing(served) -> None:
     url = served(None)
+    before = vector_of(url)
     report = run_conformance(url, TOKEN)
     assert (report.exit_code(), report.failures()) == (EXIT_PASS, [])
-    again = run_conformance(url, TOKEN)  # read-only: a second run sees the same peer
-    assert again.exit_code() == EXIT_PASS
+    assert vector_of(url) == before  # without --writable the kit only reads
     verdicts = {o.check: o.verdict for o in report.outcomes if o.section == "§7.5"}
     assert verdicts == {"append": NA, "push-applied": NA}  # not asked to write
+
+
+def test_a_small_page_byte_budget_bounds_the_whole_answer(served) -> None:
+    """§8: with max_page_bytes 2048 every large page, inline artifacts and chain included,
+    is within 2048 bytes unless it holds one op; the pages are many and short."""
+    report = run_conformance(served(None, max_page_bytes=2048), TOKEN)
+    checks = {(o.section, o.check): o for o in report.outcomes}
+    assert checks[("§8", "page-byte-budget")].verdict == PASS, report.lines()
+    assert not [o for o in report.failures() if o.section in ("§7.2", "§8")], report.lines()
 
 
 @pytest.mark.parametrize(("deviation", "caught"), [

@@ -94,6 +94,17 @@ class Run:
         would blame other sections for the same fault)."""
         return [o for o in self.origins() if self.walked.get(o) and o not in self.broken]
 
+    def observed(self, section: str, check: str) -> bool:
+        """Whether the check has a verdict or an observation yet."""
+        return (section, check) in self.tally.seen or any(
+            (o.section, o.check) == (section, check) for o in self.report.outcomes)
+
+    def unobserved_na(self, section: str, checks: tuple[str, ...], reason: str) -> None:
+        """Each of `checks` that nothing observed is not applicable, for `reason`."""
+        for check in checks:
+            if not self.observed(section, check):
+                self.report.not_applicable(section, check, reason)
+
     def origins(self) -> list[str]:
         """The origins the read checks walk: those holding the most ops first, bounded."""
         held = sorted(self.vector.vector.items(), key=lambda item: (-item[1], item[0]))
