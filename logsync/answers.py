@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import msgpack
 
+from logsync.errorcodes import reason_from_bytes
 from logsync.errors import (
     PeerError,
     PeerProtocolError,
@@ -84,16 +85,9 @@ def count_containers(body: bytes | bytearray, packed: bool) -> int:
 
 
 def error_text(body: bytes | bytearray) -> str:
-    """The peer's `{"error": ...}` sentence if it sent one, cut to one line."""
-    if len(body) > 64 * 1024:  # an error sentence is short; never decode a bomb here
-        return ""
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        return ""
-    if isinstance(data, dict) and isinstance(data.get("error"), str):
-        return " ".join(data["error"][:200].split())
-    return ""
+    """The peer's error sentence if it sent one (`{"error": CODE, "reason": ...}` or a
+    hub's `{"error": ...}`), cut to one line."""
+    return reason_from_bytes(body)
 
 
 def parse_retry_after(headers: httpx.Headers, now: float | None = None) -> float | None:

@@ -46,6 +46,7 @@ from logsync.answers import (
 )
 from logsync.effects import STORE_EFFECTS, ApplyPage, StoreLike, perform
 from logsync.engine import RoundReport, pull_round, targeted_origin
+from logsync.errorcodes import ERRORS_CODED, ERRORS_HEADER
 from logsync.errors import (
     ConfigError,
     LogsyncError,
@@ -118,7 +119,7 @@ class PeerClient:
         self._sleep = sleep or anyio.sleep
         self._rng = rng or random.Random()
         headers = {"User-Agent": f"logsync/{__version__}", "Accept": "application/json",
-                   **ACCEPT_ENCODING}
+                   ERRORS_HEADER: ERRORS_CODED, **ACCEPT_ENCODING}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(

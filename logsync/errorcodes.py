@@ -1,8 +1,12 @@
-"""The error answer every logsync route sends (RFC 004 §7): `{"error": CODE, "reason":
-SENTENCE}`, a machine-readable code from one table and one human sentence. A client
-branches on the status and the code, never on the sentence. A MemPalace hub answers
-`{"error": SENTENCE}` and its own client reads only the status, so `reason_of` reads
-both shapes. Pure: no I/O.
+"""The error answer (RFC 004 §11): `{"error": CODE, "reason": SENTENCE}`, a
+machine-readable code from one table and one human sentence. A client branches on the
+status and the code, never on the sentence.
+
+A MemPalace hub answers `{"error": SENTENCE}`, and a server standing in for a hub must
+answer its clients byte for byte as the hub would. So on the routes upstream defines
+(`UPSTREAM_PATHS`) an error keeps upstream's shape unless the request carries
+`Logsync-Errors: codes` (every logsync client sends it); every other route always
+answers with a code. `reason_of` reads both shapes. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -24,9 +28,14 @@ ERROR_CODES: dict[str, tuple[int, str]] = {
                                     "not take"),
     "internal": (500, "the answer could not be made; the server logged why"),
     "not_implemented": (501, "the server advertises an extension its store cannot serve"),
-    "busy": (503, "every slot for this kind of request is taken; retry after Retry-After"),
     "unavailable": (503, "the store cannot be read or written now; retry after Retry-After"),
+    "busy": (503, "every slot for this kind of request is taken; retry after Retry-After"),
 }
+
+# The request header that asks for coded errors on the upstream routes.
+ERRORS_HEADER = "logsync-errors"
+ERRORS_CODED = "codes"
+UPSTREAM_PATHS = frozenset({"/sync/version_vector", "/sync/ops", "/sync/artifact", "/healthz"})
 
 # the code a status gets where the site names none
 _BY_STATUS: dict[int, str] = {}
@@ -43,6 +52,19 @@ def error_body(status: int, reason: str, code: str | None = None) -> dict[str, s
     elif ERROR_CODES.get(code, (None,))[0] != status:
         raise ValueError(f"error code {code!r} is not sent with status {status}")
     return {"error": code, "reason": reason}
+
+
+def wants_upstream_shape(path: str, header_value: str | None) -> bool:
+    """Whether an error answer to a request for `path` keeps upstream's shape."""
+    return path in UPSTREAM_PATHS and (header_value or "").strip().lower() != ERRORS_CODED
+
+
+def upstream_shape(body: Any) -> Any:
+    """A coded error body as a MemPalace hub words it: `{"error": SENTENCE}`; any other
+    body unchanged."""
+    if isinstance(body, dict) and set(body) == {"error", "reason"}:
+        return {"error": body["reason"]}
+    return body
 
 
 def reason_of(data: Any) -> str:

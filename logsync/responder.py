@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from logsync import __version__
+from logsync.errorcodes import error_body
 from logsync.errors import ValidationError, shorten
 from logsync.ids import is_replica_id
 from logsync.model import MAX_SEQ
@@ -97,9 +98,10 @@ def answer(
     vector: VectorRead | None = None,
     extra: VectorExtra | None = None,
 ) -> Answer:
-    """`(status, body)` for one GET of a `/sync/*` route; an error body is upstream's
-    `{"error": "<one sentence>"}`. Query values are text, as on the wire (an int is taken
-    as given, as the engine's `Request.params` carry them).
+    """`(status, body)` for one GET of a `/sync/*` route; an error body is
+    `{"error": CODE, "reason": "<one sentence>"}` (`logsync.errorcodes`). Query values
+    are text, as on the wire (an int is taken as given, as the engine's `Request.params`
+    carry them).
 
     `vector` reads the version vector (default `store.version_vector`); `extra(replica_id,
     vector)` returns keys the vector answer carries between the vector and the
@@ -115,8 +117,8 @@ def answer(
         if path == DIGESTS_PATH and EXT_CHAIN in profile.extensions:
             return 200, _digests(store, params)
     except ValidationError as exc:
-        return 400, {"error": str(exc)}
-    return 404, {"error": f"no route {shorten(path)}; routes are {', '.join(SYNC_ROUTES)}"}
+        return 400, error_body(400, str(exc))
+    return 404, error_body(404, f"no route {shorten(path)}; routes are {', '.join(SYNC_ROUTES)}")
 
 
 def _vector(
@@ -214,7 +216,7 @@ def _artifact(store: Any, params: Mapping[str, Any]) -> Answer:
         raise ValidationError("id must be a non-empty artifact id")
     artifact = store.get_artifact(artifact_id)
     if artifact is None:
-        return 404, {"error": f"artifact {artifact_id!r} not found"}  # upstream's sentence
+        return 404, error_body(404, f"artifact {artifact_id!r} not found")  # upstream's sentence
     return 200, {"artifact": artifact}
 
 

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logsync import __version__
+from logsync.errorcodes import ERRORS_CODED, ERRORS_HEADER
 from logsync.errors import StoreError, ValidationError
 from logsync.responder import (
     DEFAULT_INLINE_ARTIFACT_BYTES,
@@ -126,22 +127,23 @@ def test_the_vector_and_extra_hooks(store: Store) -> None:
 )
 def test_bad_parameters_are_400_with_one_sentence(store: Store, params: dict,
                                                   message: str) -> None:
-    assert answer(store, OPS, params, profile=LOGSYNC_SERVER) == (400, {"error": message})
-    assert answer(store, OPS, params, profile=UPSTREAM_HUB) == (400, {"error": message})
+    coded = {"error": "bad_request", "reason": message}
+    assert answer(store, OPS, params, profile=LOGSYNC_SERVER) == (400, coded)
+    assert answer(store, OPS, params, profile=UPSTREAM_HUB) == (400, coded)
 
 
 def test_the_store_refuses_what_the_parameters_let_through(store: Store) -> None:
     status, body = ops(store, origin="bad\x01origin")
-    assert status == 400 and body["error"].startswith("origin='bad\\x01origin' is invalid")
+    assert status == 400 and body["reason"].startswith("origin='bad\\x01origin' is invalid")
     assert ops(store, after=str(2**63)) == (
-        400, {"error": f"after={2**63} is invalid: must be below 2**63"})
+        400, {"error": "bad_request", "reason": f"after={2**63} is invalid: must be below 2**63"})
 
 
 def test_huge_and_long_values_get_a_short_sentence(store: Store) -> None:
     for raw in ("9" * 5000, "y" * 5000, "1\n2"):
         status, body = ops(store, after=raw)
-        assert status == 400 and body["error"].endswith("is not an integer")
-        assert len(body["error"]) < 100 and "\n" not in body["error"]
+        assert status == 400 and body["reason"].endswith("is not an integer")
+        assert len(body["reason"]) < 100 and "\n" not in body["reason"]
 
 
 def test_defaults_and_empty_values_and_ints(store: Store) -> None:
@@ -268,16 +270,20 @@ def test_artifact_found_missing_and_empty(store: Store) -> None:
     for profile in (LOGSYNC_SERVER, UPSTREAM_HUB):
         get = lambda **p: answer(store, "/sync/artifact", p, profile=profile)  # noqa: B023,E731
         assert get(id=art["id"]) == (200, {"artifact": store.get_artifact(art["id"])})
-        assert get(id="art_nope") == (404, {"error": "artifact 'art_nope' not found"})
-        assert get(id="it's") == (404, {"error": "artifact \"it's\" not found"})
-        assert get() == get(id="") == (400, {"error": "id must be a non-empty artifact id"})
+        assert get(id="art_nope") == (404, {"error": "not_found",
+                                            "reason": "artifact 'art_nope' not found"})
+        assert get(id="it's") == (404, {"error": "not_found",
+                                         "reason": "artifact \"it's\" not found"})
+        assert get() == get(id="") == (400, {"error": "bad_request",
+                                             "reason": "id must be a non-empty artifact id"})
 
 
 def test_an_unknown_path_is_404_naming_the_routes(store: Store) -> None:
     status, body = answer(store, "/sync/nope", {}, profile=LOGSYNC_SERVER)
     assert status == 404
-    assert body == {"error": "no route '/sync/nope'; routes are /sync/version_vector, "
-                             "/sync/ops, /sync/artifact, /sync/digests"}
+    assert body == {"error": "not_found",
+                    "reason": "no route '/sync/nope'; routes are /sync/version_vector, "
+                              "/sync/ops, /sync/artifact, /sync/digests"}
 
 
 def test_store_faults_are_the_callers_not_a_400(store: Store) -> None:
@@ -376,8 +382,9 @@ def test_the_server_answers_an_unencodable_artifact_500_not_400(store: Store) ->
     real = store.get_artifact
     store.get_artifact = lambda i: {**real(i), "metadata": deep}  # type: ignore[method-assign]
     got = _from_server(store, [("/sync/artifact", {"id": art["id"]})])
-    assert got == [(500, {"error": "the answer to /sync/artifact cannot be encoded "
-                                   "(the payload nests too deeply to encode as JSON)"})]
+    assert got == [(500, {"error": "internal",
+                          "reason": "the answer to /sync/artifact cannot be encoded "
+                                    "(the payload nests too deeply to encode as JSON)"})]
 
 
 TOKEN = "secret"
@@ -424,7 +431,8 @@ def _from_server(store: Store, requests: list[tuple[str, dict[str, str]]]) -> li
     async def go() -> list[tuple]:
         transport = httpx.ASGITransport(app=create_app(store, token=TOKEN))
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
-                                     headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+                                     headers={"Authorization": f"Bearer {TOKEN}",
+                                              ERRORS_HEADER: ERRORS_CODED}) as c:
             out = []
             for path, params in requests:
                 got = await c.get(path, params=params)

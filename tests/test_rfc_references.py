@@ -6,7 +6,10 @@ test would silently orphan a rule, so this test parses every cited file with
 `ast` and fails, listing each reference that no longer resolves. It also keeps
 the RFC from quietly shedding its references, checks that the code it names
 (`logsync/...` paths, `engine.<function>`, `PeerClient.<method>`) still exists,
-and checks that the README links it.
+that it keeps its fixed outline (a conformance kit cites the section numbers) and
+its stated word limit, and that the README links it. Every document in `docs/`
+must name no commit (history belongs in git), point nowhere outside the
+repository, and link only files that exist.
 """
 
 from __future__ import annotations
@@ -19,16 +22,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RFC = ROOT / "docs" / "rfc-004.md"
 README = ROOT / "README.md"
-MIN_DISTINCT_TESTS = 200  # 240 when last revised: losing dozens at once is a mistake
+DOCS = ROOT / "docs"
+MIN_DISTINCT_TESTS = 200  # 263 when last revised: losing dozens at once is a mistake
+# The RFC is the normative text only (rationale and figures live beside it); its front
+# matter states this same limit, so a reader knows it too.
+MAX_WORDS = 7_500
+LIMIT_LINE_RE = re.compile(r"\*\*Size limit:\*\* this file stays under ([0-9][0-9 ,]*) words")
+# Documents that may still name commits, each with why; the owner removes the entry once
+# the document is rewritten. Nothing else in docs/ may.
+HASH_EXEMPT = {
+    "mutation.md": "a mutation-testing report whose rows name the revisions they measured; "
+                   "not owned by the RFC",
+}
+# A commit-looking token: 7-40 lowercase hex digits with at least one digit and one
+# letter, standing alone (not part of an identifier such as rep_<hex> or a longer digest).
+COMMIT_RE = re.compile(
+    r"(?<![0-9A-Za-z_])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![0-9A-Za-z_])")
+OUTSIDE_RE = re.compile(r"\.\./")
+LINK_RE = re.compile(r"\]\(([^)\s]+)\)")
 REFERENCE_RE = re.compile(
     r"tests/[A-Za-z0-9_/]+\.py(?:::[A-Za-z_][A-Za-z0-9_]*)+(?:\[[^\]\s`]*\])?"
 )
 CODE_PATH_RE = re.compile(r"`(logsync/[A-Za-z0-9_/]+(?:\.py)?)`")
 CODE_NAME_RE = re.compile(r"`(engine|schedule|wire|PeerClient)\.([A-Za-z_][A-Za-z0-9_]*)`")
-SECTIONS = (
-    "Identities", "The op envelope", "Version vectors", "The pull protocol", "Apply rules",
-    "Derived views", "Security", "Failure modes", "Open questions", "Compatibility matrix",
+OUTLINE = (
+    "1. Introduction", "2. Terminology", "3. Identities", "4. Events and canonical bytes",
+    "5. Hybrid logical clocks", "6. Version vectors", "7. Endpoints",
+    "8. Extensions and negotiation", "9. The pull round", "10. Applying a page", "11. Errors",
+    "12. Security", "13. Versioning", "Appendix A. Requirement map",
+    "Appendix B. Compatibility with MemPalace hubs",
 )
+ENDPOINTS = ("7.1 ", "7.2 ", "7.3 ", "7.4 ", "7.5 ", "7.6 ", "7.7 ")
+COMPANIONS = ("rfc-004-rationale.md", "measurements.md", "requirement-map.md")
 
 
 def references(text: str) -> set[str]:
@@ -116,10 +141,106 @@ def test_the_code_the_rfc_names_exists() -> None:
         missing)
 
 
-def test_the_rfc_has_its_ten_parts() -> None:
-    headings = [line for line in rfc_text().splitlines() if line.startswith("## ")]
-    absent = [name for name in SECTIONS if not any(name in h for h in headings)]
-    assert not absent, f"docs/rfc-004.md lacks the sections {absent}"
+def test_the_rfc_keeps_its_numbered_outline() -> None:
+    """The top-level numbers are fixed: other documents and a conformance kit cite them."""
+    text = rfc_text()
+    numbered = [line[3:] for line in text.splitlines() if line.startswith("## ")
+                and (line[3].isdigit() or line[3:].startswith("Appendix"))]
+    assert numbered == list(OUTLINE), (
+        f"docs/rfc-004.md's numbered sections are {numbered}; the outline is {list(OUTLINE)}")
+    subsections = [line[4:] for line in text.splitlines() if line.startswith("### 7.")]
+    absent = [s for s in ENDPOINTS if not any(h.startswith(s) for h in subsections)]
+    assert not absent, f"docs/rfc-004.md lacks the endpoint sections {absent}"
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+def stated_limit(text: str) -> int | None:
+    """The word limit the RFC's front matter states, or None."""
+    match = LIMIT_LINE_RE.search(text)
+    return int(re.sub(r"[ ,]", "", match.group(1))) if match else None
+
+
+def test_the_rfc_stays_within_its_stated_word_limit() -> None:
+    text = rfc_text()
+    assert stated_limit(text) == MAX_WORDS, (
+        f"docs/rfc-004.md's front matter must state its limit as '**Size limit:** this file "
+        f"stays under {MAX_WORDS:,} words'".replace(",", " "))
+    words = word_count(text)
+    assert words <= MAX_WORDS, (
+        f"docs/rfc-004.md has {words} words, over its limit of {MAX_WORDS}: move rationale to "
+        "docs/rfc-004-rationale.md and figures to docs/measurements.md")
+
+
+def test_the_rfc_links_its_companions() -> None:
+    text = rfc_text()
+    absent = [name for name in COMPANIONS if f"]({name})" not in text]
+    assert not absent, f"docs/rfc-004.md does not link {absent}"
+
+
+def commits_named(text: str) -> list[str]:
+    """Tokens that look like commit hashes."""
+    return COMMIT_RE.findall(text)
+
+
+def outside_paths(text: str) -> list[str]:
+    """Lines that point outside the repository (a `../` path)."""
+    return [line.strip() for line in text.splitlines() if OUTSIDE_RE.search(line)]
+
+
+def broken_links(doc: Path, text: str) -> list[str]:
+    """Relative link targets of `doc` that name no file or directory in the repository."""
+    broken = []
+    for target in LINK_RE.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        path = (doc.parent / target.split("#", 1)[0]).resolve()
+        if not path.exists() or ROOT not in path.parents:
+            broken.append(target)
+    return broken
+
+
+def docs() -> list[Path]:
+    return sorted(DOCS.glob("*.md"))
+
+
+def test_no_document_names_a_commit() -> None:
+    found = {doc.name: commits_named(doc.read_text(encoding="utf-8")) for doc in docs()
+             if doc.name not in HASH_EXEMPT}
+    found = {name: hits for name, hits in found.items() if hits}
+    assert not found, f"docs name commits (history belongs in git): {found}"
+
+
+def test_no_document_points_outside_the_repository() -> None:
+    found = {doc.name: outside_paths(doc.read_text(encoding="utf-8")) for doc in docs()}
+    found = {name: lines for name, lines in found.items() if lines}
+    assert not found, f"docs point outside the repository (`../`): {found}"
+
+
+def test_every_relative_link_in_docs_and_the_readme_resolves() -> None:
+    found = {doc.name: broken_links(doc, doc.read_text(encoding="utf-8"))
+             for doc in [*docs(), README]}
+    found = {name: links for name, links in found.items() if links}
+    assert not found, f"links to files that do not exist: {found}"
+
+
+def test_the_document_checkers_catch_what_they_must(tmp_path: Path) -> None:
+    """Planted defects: each checker flags its defect and passes the look-alikes."""
+    assert commits_named("fixed in `ae3e1b3`, see 975a85e; at 106a511.") == [
+        "ae3e1b3", "975a85e", "106a511"]
+    assert commits_named(
+        "rep_59afec6145ceb05a9b04c967951dad66 evt_20260921T141320_d5cc2ccf8756 "
+        "b0275847cc37e4ecf0407b6c6d913313e3a50b322e11ef59b7d2006e222ac48d 1790000000008 "
+        "0xFFFFFF deadbeef 1e+16 -000000-") == []
+    assert outside_paths("see ../shared/notes.md\nand docs/x.md") == ["see ../shared/notes.md"]
+    doc = tmp_path / "d.md"
+    assert broken_links(doc, "[a](nope.md) [b](https://x.org/y) [c](#top)") == ["nope.md"]
+    assert broken_links(DOCS / "rfc-004.md", "[r](rfc-004.md#a) [u](../../etc/passwd)") == [
+        "../../etc/passwd"]
+    assert stated_limit("**Size limit:** this file stays under 7 500 words") == 7500
+    assert word_count("a b\n c") == 3
 
 
 def test_the_readme_links_the_rfc() -> None:

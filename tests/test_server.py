@@ -19,6 +19,7 @@ import uvicorn
 
 from logsync import __version__
 from logsync.engine import parse_extensions
+from logsync.errorcodes import UPSTREAM_PATHS
 from logsync.server import ChangeNotifier, create_app, is_loopback_host
 from logsync.store import Store
 
@@ -142,7 +143,10 @@ async def test_every_route_but_healthz_needs_the_token(
     async with client(create_app(store, token=TOKEN), **headers) as c:
         answer = await c.get(path)
     assert answer.status_code == 401
-    assert answer.content == upstream_bytes(UNAUTHORIZED)
+    # the routes upstream defines answer as a hub would; the others with a code
+    expected = UNAUTHORIZED if path.split("?")[0] in UPSTREAM_PATHS else {
+        "error": "unauthorized", "reason": UNAUTHORIZED["error"]}
+    assert answer.content == upstream_bytes(expected)
     assert answer.headers["content-type"] == JSON_TYPE
     assert answer.headers["www-authenticate"] == "Bearer"
 
@@ -160,7 +164,8 @@ async def test_unknown_route_is_404_json_and_wrong_method_405(store: Store) -> N
         wrong = await c.post("/sync/ops", content=b"{}")
     assert missing.status_code == 404
     assert missing.headers["content-type"] == JSON_TYPE
-    assert missing.json()["error"].startswith("no route '/sync/nope'; routes are /healthz, ")
+    assert missing.json()["reason"].startswith("no route '/sync/nope'; routes are /healthz, ")
+    assert missing.json()["error"] == "not_found"  # not an upstream route: coded
     assert wrong.status_code == 405
     assert set(wrong.headers["allow"].split(", ")) == {"GET", "HEAD"}
     assert wrong.json() == {"error": "method POST is not allowed on /sync/ops; use GET"}
@@ -302,7 +307,8 @@ async def test_push_is_advertised_only_with_a_token(store: Store) -> None:
     assert "max_push_bytes" not in body["logsync"]
     assert not parse_extensions(body).push
     assert refused.status_code == 403
-    assert "only from authenticated peers" in refused.json()["error"]
+    assert "only from authenticated peers" in refused.json()["reason"]
+    assert refused.json()["error"] == "forbidden"
 
 
 @pytest.mark.anyio
@@ -656,7 +662,7 @@ async def test_stream_rejects_bad_filters_before_taking_a_slot(
         answer = await c.get(f"/logstream/stream?{query}", headers=headers)
     assert answer.status_code == 400
     assert answer.headers["content-type"] == JSON_TYPE
-    assert answer.json()["error"].startswith(message)
+    assert answer.json()["reason"].startswith(message)
     assert app.state.logsync.sse_clients == 0
 
 
@@ -667,7 +673,8 @@ async def test_stream_cap_zero_answers_503_with_retry_after(store: Store) -> Non
         answer = await c.get("/logstream/stream")
     assert answer.status_code == 503
     assert answer.headers["retry-after"] == "5"
-    assert answer.json()["error"].endswith("retry after 5 s")
+    assert answer.json()["reason"].endswith("retry after 5 s")
+    assert answer.json()["error"] == "busy"  # a code a client branches on
 
 
 @pytest.mark.anyio
@@ -848,7 +855,7 @@ def test_stream_slots_free_on_disconnect_and_cap_answers_503(
         refused = http.get("/logstream/stream")
         assert refused.status_code == 503
         assert refused.headers["retry-after"] == "5"
-        assert refused.json()["error"].startswith("2 stream clients are connected")
+        assert refused.json()["reason"].startswith("2 stream clients are connected")
         first.close()
         deadline, admitted = time.monotonic() + 2.0, None
         while admitted is None:

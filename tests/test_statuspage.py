@@ -190,11 +190,11 @@ async def test_login_takes_a_small_urlencoded_form_by_post_only(store: Store) ->
         two_tokens = await c.post("/login", content=f"token={TOKEN}&token=x",
                                   headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert as_json.status_code == 415
-    assert as_json.json()["error"] == ("POST /login takes application/x-www-form-urlencoded "
+    assert as_json.json()["reason"] == ("POST /login takes application/x-www-form-urlencoded "
                                        "with a token field, not 'application/json'")
-    assert too_big.status_code == 413 and "maximum is 4096 bytes" in too_big.json()["error"]
+    assert too_big.status_code == 413 and "maximum is 4096 bytes" in too_big.json()["reason"]
     assert by_get.status_code == 405
-    assert by_get.json()["error"] == "method GET is not allowed on /login; use POST"
+    assert by_get.json()["reason"] == "method GET is not allowed on /login; use POST"
     assert two_tokens.status_code == 303  # the first value counts, as in any form
 
 
@@ -212,7 +212,7 @@ async def test_a_cross_origin_login_is_refused_and_a_same_origin_one_is_not(
         elsewhere = await c.get("/statusz", headers={**BEARER, "Origin": "http://myhost:8742"})
     for refused in (foreign, lookalike, other_scheme):
         assert refused.status_code == 403
-        assert "is not a loopback origin" in refused.json()["error"]
+        assert "is not a loopback origin" in refused.json()["reason"]
     assert own.status_code == 303 and SESSION_COOKIE in own.headers["set-cookie"]
     assert elsewhere.status_code == 403  # the exception is the page's forms only
 
@@ -361,8 +361,9 @@ async def test_a_bad_ledger_limit_is_one_sentence(store: Store, path: str, limit
     async with client(app) as c:
         answer = await c.get(path, params={"limit": limit}, headers=BEARER)
     assert answer.status_code == 400
-    assert answer.json() == {"error": f"limit={limit!r} is invalid: must be a whole number "
-                                      f"from 1 to {LEDGER_MAX_LIMIT}"}
+    assert answer.json() == {"error": "bad_request",
+                             "reason": f"limit={limit!r} is invalid: must be a whole number "
+                                       f"from 1 to {LEDGER_MAX_LIMIT}"}
 
 
 @pytest.mark.anyio
@@ -371,7 +372,8 @@ async def test_a_repeated_ledger_limit_is_refused(store: Store) -> None:
     async with client(app) as c:
         answer = await c.get("/conflicts.json?limit=1&limit=2", headers=BEARER)
     assert answer.status_code == 400
-    assert answer.json() == {"error": "limit is given 2 times; give it once"}
+    assert answer.json() == {"error": "bad_request",
+                             "reason": "limit is given 2 times; give it once"}
 
 
 # ---------------------------------------------------------------- a real browser

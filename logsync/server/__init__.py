@@ -30,8 +30,10 @@ the ``Host`` header is pinned to loopback names (403); an ``Origin`` header must
 in constant time on every route but ``/healthz``, ``/`` and ``/login`` (401) -- unknown
 routes too, so route probing needs the token (upstream answers 404 there). A request body
 over ``max_body_bytes`` is refused with 413 (``/sync/push`` and ``/login`` read their own
-bodies under their own caps). Every error body is ``{"error": "<one sentence>"}``
-(upstream sends HTML for 401/403/404).
+bodies under their own caps). Every error body is ``{"error": CODE, "reason": "<one
+sentence>"}`` (`logsync.errorcodes`), except on the routes upstream defines to a client
+that did not send ``Logsync-Errors: codes``: those get upstream's ``{"error": "<one
+sentence>"}`` (the guard rewords them, `policy.py`).
 
 Extensions, additive and negotiated (constants shared with ``logsync.engine``, the pulling
 side); a request without them gets upstream bytes, including the silent 500 cap:

@@ -83,8 +83,8 @@ def create_app(
     ``lambda: server.should_exit``, lets streams notice a shutdown by themselves).
 
     ``health`` is a cheap, non-blocking callable: while it returns a sentence, every
-    ``/sync/*`` and ``/logstream/*`` request is answered 503 ``{"error": "the store is
-    unavailable: <sentence>"}`` with ``Retry-After: 5``; ``/healthz`` stays 200 and
+    ``/sync/*`` and ``/logstream/*`` request is answered 503 (code ``unavailable``, "the
+    store is unavailable: <sentence>") with ``Retry-After: 5``; ``/healthz`` stays 200 and
     ``/statusz`` shows the sentence. Event streams allow ``sse_max_per_client`` per client
     address (addresses in ``sse_per_client_exempt`` share only the total) and evict a client
     that takes no write for ``sse_send_timeout_s``. With ``large_pages`` negotiated,

@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from starlette.requests import Request
 from starlette.responses import Response
 
+from logsync.errorcodes import error_body
 from logsync.pushed import MAX_PUSH_BYTES
 from logsync.responder import DEFAULT_MAX_PAGE_BYTES, EXTENSIONS, Profile, json_bytes
 from logsync.server.stream import (
@@ -305,8 +306,11 @@ def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -
     return Response(json_bytes(payload), status_code=status, media_type=JSON_TYPE, headers=headers)
 
 
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
-    return _json(status, {"error": message}, headers)
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None,
+           code: str | None = None) -> Response:
+    """An error answer: `{"error": CODE, "reason": message}` (`logsync.errorcodes`; the
+    guard rewords it as upstream's on the upstream routes, `server/policy.py`)."""
+    return _json(status, error_body(status, message, code), headers)
 
 
 class BodyRefused(Exception):

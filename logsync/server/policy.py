@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -22,7 +23,9 @@ from starlette.requests import Request, cookie_parser
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from logsync.errorcodes import ERRORS_HEADER, upstream_shape, wants_upstream_shape
 from logsync.errors import shorten
+from logsync.responder import json_bytes
 from logsync.server.common import (
     GUARDED_PREFIXES,
     LOOPBACK_NAMES,
@@ -49,6 +52,37 @@ FORM_ROUTES = frozenset({"/login", "/logout"})
 # ---------------------------------------------------------------- policy
 
 
+def _upstream_errors(send: Send) -> Send:
+    """`send`, rewording a coded JSON error answer as a MemPalace hub's `{"error":
+    SENTENCE}` (`logsync.errorcodes`): a client of the upstream routes that did not ask
+    for codes gets the hub's bytes. Error answers are one small body; others pass as sent."""
+    held: dict[str, Any] | None = None
+
+    async def reworded(message: dict[str, Any]) -> None:
+        nonlocal held
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            held = message
+            return
+        if held is None or message["type"] != "http.response.body":
+            await send(message)
+            return
+        start, held = held, None
+        ctype = Headers(raw=start.get("headers", [])).get("content-type", "")
+        if not ctype.startswith("application/json") or message.get("more_body"):
+            await send(start)
+            await send(message)
+            return
+        try:
+            body = json_bytes(upstream_shape(json.loads(message.get("body", b""))))
+        except ValueError:
+            body = message.get("body", b"")
+        raw = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        await send({**start, "headers": [*raw, (b"content-length", str(len(body)).encode())]})
+        await send({**message, "body": body})
+
+    return reworded
+
+
 class _Guard:
     """Host, Origin, token and body-size checks before any route runs; counts answers."""
 
@@ -68,6 +102,8 @@ class _Guard:
             await send(message)
 
         headers = Headers(scope=scope)
+        if wants_upstream_shape(path, headers.get(ERRORS_HEADER)):
+            counted = _upstream_errors(counted)
         refusal = self._refusal(path, headers)
         if refusal is None and path not in OWN_BODY_ROUTES:
             refusal = await self._oversize(headers, receive)

@@ -39,7 +39,7 @@ async def sync_snapshot(request: Request) -> Response:
     state = _state(srv)
     if state.streams >= MAX_STREAMS:
         return _error(503, f"{state.streams} snapshot downloads are running, the maximum; "
-                           "retry later", {"Retry-After": "5"})
+                           "retry later", {"Retry-After": "5"}, code="busy")
     async with state.making:
         made = await srv.run(lambda store: _current(srv, store))
     if made is None:

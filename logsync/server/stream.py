@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from logsync.errorcodes import error_body
 from logsync.errors import StoreError
 
 logger = logging.getLogger("logsync.server")
@@ -159,8 +160,10 @@ class _LatestProbe:
         return self._value
 
 
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
-    body = json.dumps({"error": message}, ensure_ascii=False).encode("utf-8")
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None,
+           code: str | None = None) -> Response:
+    """An error answer (`logsync.errorcodes`); this module sits below `server.common`."""
+    body = json.dumps(error_body(status, message, code), ensure_ascii=False).encode("utf-8")
     return Response(
         body, status_code=status, media_type="application/json; charset=utf-8", headers=headers
     )
@@ -209,6 +212,7 @@ class _EventStream(Response):
                 503,
                 f"{refusal}; retry after {SSE_RETRY_AFTER_S} s",
                 {"Retry-After": str(SSE_RETRY_AFTER_S)},
+                code="busy",
             )
             await busy(scope, receive, send)
             return

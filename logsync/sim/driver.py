@@ -29,6 +29,7 @@ from typing import Any
 
 from logsync import effects, engine
 from logsync.effects import STORE_EFFECTS, ApplyPage, ReadVector
+from logsync.errorcodes import reason_of
 from logsync.errors import PeerError, PeerProtocolError, PeerTransientError
 from logsync.fetchpolicy import FetchPolicy, prefetch_guess, request_key
 from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop, TargetedRound
@@ -326,7 +327,7 @@ class Driver:
         if status == 404 and request.missing_ok:
             answer = None
         else:
-            said = answer.get("error") if isinstance(answer, dict) else answer
+            said = reason_of(answer) if isinstance(answer, dict) else answer
             error = self.policy.error_for_status(
                 status, str(said or ""), f"peer {run.link.name}: GET {request.path}",
                 run.link.name, retry_after)

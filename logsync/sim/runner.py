@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from logsync.errorcodes import error_body
 from logsync.sim import checks, faults, forks, workload
 from logsync.sim.clock import VirtualClock, to_s, to_us
 from logsync.sim.driver import Driver
@@ -219,7 +220,8 @@ class Simulation:
     def _serve(self, node: SimNode, msg: Message) -> None:
         if node.overload is not None:  # the overload fault: 503, maybe with a Retry-After
             self.net.send(Message("resp", node.name, msg.src, msg.mid, msg.path, status=503,
-                                  answer={"error": f"{node.name} is overloaded"}, size=64,
+                                  answer=error_body(503, f"{node.name} is overloaded", "busy"),
+                                  size=64,
                                   incarnation=msg.incarnation, retry_after=node.overload[0]),
                           extra_delay_us=node.serve_delay_us)
             return
