@@ -19,8 +19,8 @@ Examples:
   logsync conformance http://127.0.0.1:8742 --token T --writable  # also pushes 2 ops
 
 Exit status: 0 every applicable check passes; 1 a check failed (each failure is one line
-naming its RFC 004 section, the value and the rule); 2 the peer cannot be checked
-(unreachable, refuses the token, or its version vector is unusable).""")
+naming its RFC 004 section, the value and the rule), or a usage error; 2 the peer cannot
+be checked (unreachable, refuses the token, or its version vector is unusable).""")
 @click.argument("url")
 @click.option("--token", envvar="LOGSYNC_PEER_TOKEN",
               help="Bearer token for the peer (env LOGSYNC_PEER_TOKEN); with it the kit also "

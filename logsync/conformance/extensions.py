@@ -170,7 +170,8 @@ def _tip(run: Run, origin: str, digests: dict[int, bytes]) -> None:
     if not run.complete.get(origin) or top not in digests:
         return
     tip: Any = run.vector.tips.get(origin)
-    raw = ((run.advert or {}).get("tips") or {}).get(origin)
+    tips = (run.advert or {}).get("tips")
+    raw = tips.get(origin) if isinstance(tips, dict) else tips
     run.tally.check("§7.4", "tips-match", None if tip == (top, digests[top]) else
                     f"logsync.tips[{origin}] is {shorten(raw)}; expected [{top}, "
                     f"{_hex(digests[top])}]")

@@ -27,6 +27,7 @@ from logsync.answers import (
 )
 from logsync.client import MAX_RESPONSE_BYTES, tls_context
 from logsync.conformance import DEFAULT_DEADLINE_S, DEFAULT_MAX_REQUESTS, DEFAULT_TIMEOUT_S
+from logsync.errorcodes import ERRORS_CODED, ERRORS_HEADER
 from logsync.errors import LogsyncError, PeerError
 
 
@@ -88,10 +89,11 @@ class Probe:
         return time.monotonic() - self.started
 
     def get(self, path: str, params: dict[str, Any] | None = None, *, auth: str | None = "",
-            msgpack: bool = False) -> Reply:
+            msgpack: bool = False, coded: bool = True) -> Reply:
         """GET `path`; `auth` "" sends our token, None sends none, any other text is sent
-        as the whole Authorization header."""
-        return self._request("GET", path, params, auth, msgpack, None)
+        as the whole Authorization header. `coded` asks for coded error bodies
+        (`Logsync-Errors: codes`, as every logsync client does)."""
+        return self._request("GET", path, params, auth, msgpack, None, coded=coded)
 
     def post(self, path: str, body: bytes) -> Reply:
         return self._request("POST", path, None, "", False, body)
@@ -102,7 +104,7 @@ class Probe:
 
     def _request(self, method: str, path: str, params: dict[str, Any] | None,
                  auth: str | None, msgpack: bool, content: bytes | None,
-                 read_body: bool = True) -> Reply:
+                 read_body: bool = True, coded: bool = True) -> Reply:
         where = f"{method} {path}"
         left = self.ends - time.monotonic()
         if left <= 0:
@@ -112,6 +114,8 @@ class Probe:
                               f"before {where}")
         self.requests += 1
         headers = {"Accept": MSGPACK_TYPE} if msgpack else {}
+        if coded:
+            headers[ERRORS_HEADER] = ERRORS_CODED
         if auth == "" and self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         elif auth:

@@ -154,6 +154,7 @@ def walk(run: Run, origin: str) -> None:
             validate_remote_event(event)
         except ValidationError as exc:
             run.tally.bad("§4", "event-valid", f"op {event.get('origin_seq')} of {origin}: {exc}")
+            run.broken.add(origin)  # later checks compute over valid ops only
         else:
             run.tally.ok("§4", "event-valid")
     for before, event in zip(events, events[1:], strict=False):

@@ -13,7 +13,7 @@ import secrets
 
 from logsync.conformance.context import Run
 from logsync.conformance.probe import Reply
-from logsync.errorcodes import ERROR_CODES, code_of, reason_of
+from logsync.errorcodes import ERROR_CODES, ERRORS_CODED, ERRORS_HEADER, code_of, reason_of
 from logsync.errors import shorten
 from logsync.snapshot import SNAPSHOT_PATH
 from logsync.wire import EXT_SNAPSHOT
@@ -67,6 +67,24 @@ def check_errors(run: Run) -> None:
             run.report.failed("§11", check, problem)
         else:
             run.report.passed("§11", check, "logsync shape" if advertised else "upstream shape")
+    if advertised:
+        _upstream_shape_kept(run, origin)
+
+
+def _upstream_shape_kept(run: Run, origin: str) -> None:
+    """A logsync peer answers a client that did not ask for codes (a hub's client) on an
+    upstream route as the hub would: `{"error": SENTENCE}`."""
+    where = f"/sync/ops?origin={origin}&after=-1 without {ERRORS_HEADER}: {ERRORS_CODED}"
+    reply = run.probe.get("/sync/ops", {"origin": origin, "after": "-1"}, coded=False)
+    data = reply.data
+    if reply.status != 400:
+        problem: str | None = f"{where} answered HTTP {reply.status}; expected 400"
+    elif isinstance(data, dict) and set(data) == {"error"} and isinstance(data["error"], str):
+        problem = None
+    else:
+        problem = (f"{where} answered {shorten(reply.body[:160])}; a client that did not ask "
+                   "for codes gets upstream's {\"error\": SENTENCE} on an upstream route")
+    run.tally.check("§11", "upstream-shape-without-codes", problem)
 
 
 def check_auth(run: Run) -> None:

@@ -86,6 +86,10 @@ def _stages(run: Run, writable_ok: bool) -> None:
                 raise
             except ProbeError as exc:
                 run.tally.bad(section, "answered", str(exc))
+            except Exception as exc:  # noqa: BLE001 - one stage's surprise, kept in the report
+                run.tally.bad(section, "answered", f"the stage stopped on an unexpected "
+                              f"{type(exc).__name__} ({exc}): an answer the kit could not "
+                              "judge, or a fault of the kit")
     except OutOfBudget as exc:
         run.tally.bad(section, "answered", f"{exc}; the run stopped there")
     finally:
