@@ -23,6 +23,8 @@ REVERSED = "reversed"  # §7.2: a page's events in descending origin_seq
 OFF_BY_ONE = "off_by_one"  # §7.2: `after=k` serves op k too
 NO_BUDGET = "no_budget"  # §8: advertises a small max_page_bytes, serves full pages
 UPSTREAM_ERRORS = "upstream_errors"  # §11: {"error": sentence} while advertising logsync
+WRONG_DIGEST = "wrong_digest"  # §7.4: /sync/digests gives another chain
+TAMPERED_ARTIFACT = "tampered_artifact"  # §7.3: content that no longer hashes to its sha256
 SMALL_BUDGET = 2048
 
 
@@ -68,6 +70,11 @@ class DeviantPeer:
             data["logsync"]["max_page_bytes"] = SMALL_BUDGET
         elif self.deviation == UPSTREAM_ERRORS and status >= 400 and "reason" in data:
             data = {"error": data["reason"]}
+        elif self.deviation == WRONG_DIGEST and path == "/sync/digests" and status == 200:
+            row = data["digests"][-2]  # one the chain reaches ([seq, None] past the top)
+            row[1] = ("0" if row[1][0] != "0" else "1") + row[1][1:]
+        elif self.deviation == TAMPERED_ARTIFACT and path == "/sync/artifact" and status == 200:
+            data["artifact"]["content"] += "tampered"
         else:
             return body
         return json.dumps(data, ensure_ascii=False).encode("utf-8")

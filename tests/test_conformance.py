@@ -23,7 +23,9 @@ from tests.deviant_peer import (
     NO_BUDGET,
     OFF_BY_ONE,
     REVERSED,
+    TAMPERED_ARTIFACT,
     UPSTREAM_ERRORS,
+    WRONG_DIGEST,
     DeviantPeer,
     hostile_peer,
 )
@@ -130,6 +132,8 @@ def test_a_small_page_byte_budget_bounds_the_whole_answer(served) -> None:
     (OFF_BY_ONE, ("§7.2", "after-offset")),
     (NO_BUDGET, ("§8", "page-byte-budget")),
     (UPSTREAM_ERRORS, ("§11", "negative-after")),
+    (WRONG_DIGEST, ("§7.4", "digests-match")),
+    (TAMPERED_ARTIFACT, ("§7.3", "artifact-sha256")),
 ])
 def test_each_planted_deviation_fails_in_its_own_section(served, deviation: str,
                                                          caught: tuple[str, str]) -> None:
@@ -150,7 +154,7 @@ def test_each_planted_deviation_fails_in_its_own_section(served, deviation: str,
 @pytest.mark.parametrize("kind", ["garbage", "endless", "silent", "drip"])
 def test_a_hostile_peer_ends_in_bounded_time_with_one_line(kind: str) -> None:
     with hostile_peer(kind) as url:
-        done = subprocess.run([*PY, "conformance", url, "--timeout", "1"],
+        done = subprocess.run([*PY, "conformance", url, "--timeout", "0.5"],
                               capture_output=True, text=True, timeout=30)
     assert done.returncode == EXIT_UNUSABLE, done.stdout + done.stderr
     assert done.stdout == ""
