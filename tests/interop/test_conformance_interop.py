@@ -51,3 +51,23 @@ def test_a_mempalace_hub_passes_the_upstream_sections(lab: Lab) -> None:
     assert checks[("§11", "negative-after")]["sentence"] == "upstream shape"
     assert checks[("§7.5", "push-applied")]["sentence"].startswith("push not advertised")
     assert len(hub.version_vector()) == 2  # --writable wrote nothing to a hub: no push
+
+
+def test_a_daemon_serving_a_hubs_ops_passes_every_section(lab: Lab) -> None:
+    """A logsync daemon that pulled a hub (upstream origins, rowid gaps, the hub's
+    artifacts) serves them conformantly, extensions included (chains over upstream ops)."""
+    hub_palace = lab.palace("hub")
+    write_hub_palace(lab, hub_palace, "hub")
+    lab.mp.bulk_append(hub_palace, bulk_specs("hub", 30))
+    hub = lab.hub("hub", palace=hub_palace)
+    palace = lab.palace("daemon")
+    lab.ls.sync(palace, hub.url, hub.token)
+    daemon = lab.daemon("daemon", palace=palace)
+    done = subprocess.run([sys.executable, "-m", "logsync", "conformance", daemon.url,
+                           "--token", daemon.token, "--writable", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    payload = json.loads(done.stdout)
+    assert (done.returncode, payload["failures"]) == (0, []), done.stdout + done.stderr
+    verdicts = {s["section"]: s["verdict"] for s in payload["sections"]}
+    assert {section for section, verdict in verdicts.items() if verdict != "pass"} == set()
+    assert hub.replica_id() in daemon.version_vector()
