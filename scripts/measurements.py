@@ -75,11 +75,11 @@ def shown(command: list[str]) -> str:
 
 
 def benchmark_section(size: str, limit: float) -> tuple[list[str], bool]:
-    lines, ok = ["## Benchmarks", ""], True
+    lines, ok = ["### Benchmarks", ""], True
     for name, sizes in BENCHMARKS.items():
         command = [PY, f"benchmarks/{name}.py", *sizes[size]]
         out, wall, failure = run(command, limit)
-        lines += [f"### `{name}.py`", "", f"`{shown(command)}` — {wall:.1f} s wall", ""]
+        lines += [f"#### `{name}.py`", "", f"`{shown(command)}` — {wall:.1f} s wall", ""]
         if failure:
             ok = False
             lines += [f"**Failed:** {failure}", ""]
@@ -91,6 +91,13 @@ def scenarios() -> list[Path]:
     return sorted((ROOT / "simulations").glob("*.toml"))
 
 
+def figure(value: Any) -> str:
+    """A figure as a table shows it: floats to at most 3 decimals, None as a dash."""
+    if value is None:
+        return "—"
+    return f"{value:.3f}".rstrip("0").rstrip(".") if isinstance(value, float) else str(value)
+
+
 def simulation_row(result: dict[str, Any], label: str, wall: float) -> str:
     reach = result.get("reach", {})
     kinds = result.get("conflict_kinds", {})
@@ -99,14 +106,14 @@ def simulation_row(result: dict[str, Any], label: str, wall: float) -> str:
     held = sum(quarantined.values()) if isinstance(quarantined, dict) else quarantined
     after = result.get("virtual_time", {}).get("convergence_after_heal_s")
     return (f"| {label} | {'OK' if result.get('ok') else 'FAILED'} | {result.get('events')} | "
-            f"{result.get('applies')} | {after if after is not None else '—'} | "
-            f"{reach.get('median_s')} / {reach.get('max_s')} | "
-            f"{result.get('requests', {}).get('per_event')} | {conflicts} / {held} | "
+            f"{result.get('applies')} | {figure(after)} | "
+            f"{figure(reach.get('median_s'))} / {figure(reach.get('max_s'))} | "
+            f"{figure(result.get('requests', {}).get('per_event'))} | {conflicts} / {held} | "
             f"`{result.get('trace_hash')}` | {wall:.1f} s |")
 
 
 def simulation_section(size: str, limit: float) -> tuple[list[str], bool]:
-    lines = ["## Simulator: the scenario library, seed 1", "",
+    lines = ["### Simulator: the scenario library, seed 1", "",
              "Each row: `python -m logsync simulate simulations/<scenario>.toml --seed 1 "
              "--json [--variant V]`. Reach is virtual seconds from an append until every "
              "node holds it; req/event is all requests over events; the trace sha256 "
