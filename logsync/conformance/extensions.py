@@ -1,6 +1,7 @@
-"""The extension checks (§8, §7.4): unknown names ignored, `large_pages` and its page byte
-budget, and the `chain` extension's digests, page `prev` and advertised tips, computed here
-over the walked ops with `logsync.chain` (the one copy of the canonical bytes)."""
+"""The extension checks (§8, §8.1, §7.4): unknown names ignored, `large_pages` and its
+page byte budget, and the `chain` extension's digests, page `prev` and advertised tips,
+computed here over the walked ops with `logsync.chain` (the one copy of the canonical
+bytes)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ def check_extensions(run: Run) -> None:
     _large_pages(run, origins)
     _chain(run, origins)
     nothing = "no origin with ops was walked without a fault"
-    run.unobserved_na("§8", ("unknown-extension-ignored", "msgpack-same-events", "max-page",
-                             "page-byte-budget"), nothing)
+    run.unobserved_na("§8", ("unknown-extension-ignored", "msgpack-same-events", "max-page"),
+                      nothing)
+    run.unobserved_na("§8.1", ("page-byte-budget",), nothing)
     run.unobserved_na("§7.4", ("digests-match", "page-prev"), nothing)
     run.unobserved_na("§7.4", ("tips-match",), "no origin was walked to its top")
 
@@ -55,8 +57,8 @@ def _large_pages(run: Run, origins: list[str]) -> None:
     one op; a page over an origin with ops above `after` is never empty."""
     advert = run.advert or {}
     if not run.advertises(EXT_LARGE_PAGES):
-        for check in ("max-page", "page-byte-budget"):
-            run.report.not_applicable("§8", check, "large_pages not advertised")
+        run.report.not_applicable("§8", "max-page", "large_pages not advertised")
+        run.report.not_applicable("§8.1", "page-byte-budget", "large_pages not advertised")
         return
     max_page, budget = advert.get(ADVERTISED_MAX_PAGE), advert.get(ADVERTISED_MAX_PAGE_BYTES)
     if type(max_page) is not int or type(budget) is not int:
@@ -77,12 +79,12 @@ def _large_pages(run: Run, origins: list[str]) -> None:
             run.tally.check("§8", "max-page", None if len(events) <= max_page else
                             f"{where} served {len(events)} ops; max_page is {max_page}")
             over = len(reply.body) > budget and len(events) != 1
-            run.tally.check("§8", "page-byte-budget", None if not over else
+            run.tally.check("§8.1", "page-byte-budget", None if not over else
                             f"{where} answered {len(reply.body)} bytes holding {len(events)} "
                             f"ops; max_page_bytes is {budget} (only a one-op page may exceed it)")
             if not events:
                 if after < run.vector.vector[origin]:
-                    run.tally.bad("§8", "page-byte-budget", f"{where} served no op below the "
+                    run.tally.bad("§8.1", "page-byte-budget", f"{where} served no op below the "
                                   f"origin's vector entry {run.vector.vector[origin]}: a page "
                                   "must always advance")
                 break
@@ -126,9 +128,10 @@ def computed_chain(run: Run, origin: str) -> dict[int, bytes]:
 
 
 def _digests_match(run: Run, origin: str, digests: dict[int, bytes], seqs: list[int]) -> None:
-    """`/sync/digests` at the first, a middle and the last computed seq (and one past the
-    top, which the chain does not reach: null) equals the chain computed here."""
-    at = sorted({seqs[min(1, len(seqs) - 1)], seqs[len(seqs) // 2], seqs[-1]})
+    """`/sync/digests` at 0 (the chain's start), the first, a middle and the last computed
+    seq (and one past the top, which the chain does not reach: null) equals the chain
+    computed here."""
+    at = sorted({0, seqs[min(1, len(seqs) - 1)], seqs[len(seqs) // 2], seqs[-1]})
     top = run.vector.vector[origin]
     asked = (*at, top + 1)[:MAX_DIGESTS_PER_REQUEST]
     where = f"{DIGESTS_PATH}?origin={origin}&at={','.join(map(str, asked))}"

@@ -15,8 +15,8 @@ from logsync.conformance.context import Run
 from logsync.conformance.probe import Reply
 from logsync.errorcodes import ERROR_CODES, ERRORS_CODED, ERRORS_HEADER, code_of, reason_of
 from logsync.errors import shorten
-from logsync.snapshot import SNAPSHOT_PATH
-from logsync.wire import EXT_SNAPSHOT
+from logsync.snapshot import SHA256_HEADER, SIZE_HEADER, SNAPSHOT_PATH, SNAPSHOT_TYPE
+from logsync.wire import EXT_SNAPSHOT, parse_digest
 
 
 # (check, path, params, status): the refusals every peer makes, upstream's included.
@@ -69,6 +69,12 @@ def check_errors(run: Run) -> None:
             run.report.passed("§11", check, "logsync shape" if advertised else "upstream shape")
     if advertised:
         _upstream_shape_kept(run, origin)
+    if run.ext.msgpack:
+        reply = run.probe.get("/sync/ops", {"origin": origin, "after": "-1"}, msgpack=True)
+        run.tally.check("§8", "msgpack-errors-stay-json", None if reply.ctype ==
+                        "application/json" else f"/sync/ops?after=-1 with Accept: "
+                        f"application/msgpack answered Content-Type {shorten(reply.ctype)}; "
+                        "errors stay JSON")
 
 
 def _upstream_shape_kept(run: Run, origin: str) -> None:
@@ -103,6 +109,11 @@ def check_auth(run: Run) -> None:
             run.report.failed("§12", check, f"{where} answered HTTP {reply.status}; "
                               "expected 401")
             continue
+        challenge = reply.headers.get("www-authenticate", "")
+        if advertised:  # a hub's 401 is http.server's HTML page, with no challenge
+            run.tally.check("§12", "www-authenticate", None if challenge.lower().startswith(
+                "bearer") else f"{where} answered 401 with WWW-Authenticate "
+                f"{shorten(challenge)}; expected Bearer")
         if advertised:
             run.tally.check("§11", "unauthorized-shape", shape_problem(reply, True, where))
         run.report.passed("§12", check)
@@ -115,10 +126,21 @@ def check_snapshot(run: Run) -> None:
         run.report.not_applicable("§7.6", "snapshot-served", "snapshot not advertised")
         return
     reply = run.probe.head_only(SNAPSHOT_PATH)
-    run.report.add("§7.6", "snapshot-served", "pass" if reply.status == 200 else "fail",
-                   "" if reply.status == 200 else
-                   f"{SNAPSHOT_PATH} answered HTTP {reply.status}; the peer advertises "
+    sha = reply.headers.get(SHA256_HEADER, "")
+    size = reply.headers.get(SIZE_HEADER, "")
+    if reply.status != 200:
+        problem = (f"{SNAPSHOT_PATH} answered HTTP {reply.status}; the peer advertises "
                    "snapshot, so expected 200")
+    elif reply.ctype != SNAPSHOT_TYPE:
+        problem = f"{SNAPSHOT_PATH} answered Content-Type {shorten(reply.ctype)}; expected " \
+                  f"{SNAPSHOT_TYPE}"
+    elif parse_digest(sha) is None or not size.isdigit():
+        problem = (f"{SNAPSHOT_PATH} answered {SHA256_HEADER}={shorten(sha)} and "
+                   f"{SIZE_HEADER}={shorten(size)}; expected 64 lowercase hex and a "
+                   "byte count")
+    else:
+        problem = None
+    run.tally.check("§7.6", "snapshot-served", problem)
 
 
 def check_stream(run: Run) -> None:

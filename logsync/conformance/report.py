@@ -23,6 +23,7 @@ SECTIONS: dict[str, str] = {
     "§7.6": "snapshot",
     "§7.7": "change stream",
     "§8": "extensions",
+    "§8.1": "page byte budget",
     "§11": "errors",
     "§12": "security",
     "§13": "versioning",
