@@ -10,6 +10,7 @@ SENTENCE}`, and its unknown-route 404 and 401 are the HTML pages of Python's
 from __future__ import annotations
 
 import secrets
+from urllib.parse import urlencode
 
 from logsync.conformance.context import Run
 from logsync.conformance.probe import Reply
@@ -25,6 +26,8 @@ def _refusals(origin: str) -> list[tuple[str, str, dict[str, str], int]]:
         ("negative-after", "/sync/ops", {"origin": origin, "after": "-1"}, 400),
         ("zero-limit", "/sync/ops", {"origin": origin, "limit": "0"}, 400),
         ("missing-origin", "/sync/ops", {"after": "0"}, 400),
+        ("bad-origin-label", "/sync/ops", {"origin": "bad\x01origin"}, 400),
+        ("missing-artifact-id", "/sync/artifact", {}, 400),
         ("unknown-route", "/sync/nope", {}, 404),
     ]
 
@@ -52,7 +55,7 @@ def check_errors(run: Run) -> None:
     advertised = run.advert is not None
     origin = next(iter(run.origins()), None) or run.vector.replica_id
     for check, path, params, status in _refusals(origin):
-        query = "&".join(f"{k}={v}" for k, v in params.items())
+        query = urlencode(params)
         where = f"{path}{'?' + query if query else ''}"
         reply = run.probe.get(path, params)
         if reply.status != status:
