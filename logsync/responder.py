@@ -24,7 +24,7 @@ from logsync.errorcodes import error_body
 from logsync.errors import ValidationError, shorten
 from logsync.ids import is_replica_id
 from logsync.model import MAX_SEQ
-from logsync.pagechain import carries_signature, signed_end
+from logsync.pagechain import CHECKPOINT, carries_signature, signed_end
 from logsync.wire import (
     ADVERTISED_KEYS,
     ADVERTISED_MAX_PAGE,
@@ -48,8 +48,15 @@ from logsync.wire import (
 EXT_NOTIFY = "notify"
 EXTENSIONS = (EXT_MSGPACK, EXT_LARGE_PAGES, EXT_INLINE_ARTIFACTS, EXT_NOTIFY, EXT_CHAIN)
 DEFAULT_MAX_PAGE_BYTES = 8 * 1024 * 1024
+# the most a server may advertise: half what a puller must take (`client.MAX_RESPONSE_BYTES`)
+MAX_PAGE_BYTES_CEILING = 32 * 1024 * 1024
 DEFAULT_INLINE_ARTIFACT_BYTES = 32 * 1024 * 1024
 EVENT_OVERHEAD_BYTES = 2  # ", " between events in the JSON array
+# The page's JSON around its events and artifacts (keys, count, brackets, the origin id)
+# and the most its `chain` can add per signature (`[seq, "<128 hex>"], `) and for `prev`.
+PAGE_ENVELOPE_BYTES = 512
+CHAIN_SIG_BYTES = 160
+CHAIN_PREV_BYTES = 96
 PAGE_READ_BATCH = 100  # a budgeted page is read in batches this size, so it stops early
 SYNC_ROUTES = ("/sync/version_vector", "/sync/ops", "/sync/artifact", DIGESTS_PATH)
 
@@ -156,17 +163,31 @@ def _ops(store: Any, params: Mapping[str, Any], profile: Profile) -> dict[str, A
     large = EXT_LARGE_PAGES in asked
     cap = profile.max_page if large else UPSTREAM_PAGE_LIMIT
     limit = min(limit, cap)
+    chained = EXT_CHAIN in asked
+    # what the page may spend on events and artifacts: the whole answer stays within
+    # `max_page_bytes` (RFC 004 §8.3), its envelope and chain counted at their bound
+    room = profile.max_page_bytes - PAGE_ENVELOPE_BYTES - (chain_bound(limit) if chained else 0)
     if large:  # negotiated: the page stops at the byte budget (always at least one event)
-        events = budget_page(store, origin, after, limit, cap, profile.max_page_bytes)
+        events, spent = budget_page(store, origin, after, limit, cap, room)
     else:  # an upstream client gets exactly upstream's page
         events = store.list_ops(origin, after, limit, max_limit=cap)
-    chain = _page_chain(store, origin, after, events) if EXT_CHAIN in asked else None
+        spent = -1  # not measured
+    chain = _page_chain(store, origin, after, events) if chained else None
     body: dict[str, Any] = {"origin": origin, "events": events, "count": len(events)}
     if EXT_INLINE_ARTIFACTS in asked:
-        body["artifacts"] = page_artifacts(store, events, profile.inline_artifact_bytes)
+        if spent < 0 or chained:  # measured anew: a chain may have cut the page
+            spent = sum(event_size(event) for event in events)
+        budget = min(profile.inline_artifact_bytes, room - spent)
+        body["artifacts"] = page_artifacts(store, events, budget)
     if chain is not None:
         body["chain"] = chain
     return body
+
+
+def chain_bound(limit: int) -> int:
+    """The most bytes a page of `limit` events spends on its `chain`: `prev` and a
+    signature at each checkpoint and at the last op."""
+    return CHAIN_PREV_BYTES + (limit // CHECKPOINT + 2) * CHAIN_SIG_BYTES
 
 
 def _page_chain(store: Any, origin: str, after: int, events: list[dict[str, Any]]
@@ -267,10 +288,10 @@ def event_size(event: Mapping[str, Any]) -> int:
 
 def budget_page(
     store: Any, origin: str, after: int, limit: int, cap: int, budget: int
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], int]:
     """Up to `limit` ops of `origin` above `after`, read in batches, stopping before the
     one that would push the page's encoded events past `budget` bytes (the first op is
-    always included, so a page always advances)."""
+    always included, so a page always advances), and the bytes they take."""
     events: list[dict[str, Any]] = []
     spent = 0
     cursor = after
@@ -280,24 +301,27 @@ def budget_page(
         for event in batch:
             size = event_size(event)
             if events and spent + size > budget:
-                return events
+                return events, spent
             events.append(event)
             spent += size
         if len(batch) < want:
-            return events
+            return events, spent
         cursor = batch[-1]["origin_seq"]
-    return events
+    return events, spent
 
 
 def page_artifacts(store: Any, events: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
-    """The artifacts the page's events name, ordered by id, within `budget` bytes of
-    content (the first always; the puller fetches any left out one by one)."""
+    """The artifacts the page's events name, ordered by id, as many as fit in `budget`
+    bytes of JSON (the puller fetches any left out one by one)."""
     wanted = {a for event in events for a in event.get("artifact_ids") or []}
     found: list[dict[str, Any]] = []
     spent = 0
-    for artifact in store.get_artifacts(wanted) if wanted else []:
-        size = len(str(artifact.get("content", "")).encode("utf-8"))
-        if found and spent + size > budget:
+    for artifact in store.get_artifacts(wanted) if wanted and budget > 0 else []:
+        try:
+            size = len(json_bytes(artifact)) + EVENT_OVERHEAD_BYTES
+        except ValueError:
+            continue  # left out: `/sync/artifact` answers it, or names why it cannot
+        if spent + size > budget:
             break
         found.append(artifact)
         spent += size
@@ -321,7 +345,7 @@ def push_page(store: Any, origin: str, after: int, limit: int, max_bytes: int,
     """Our page of `origin` above `after` as `/sync/ops` serves it with `chain` and
     inline artifacts (one rule for both directions), plus `after` and `from`, encoded."""
     cap = min(limit, LARGE_PAGE_CEILING)
-    events = budget_page(store, origin, after, cap, LARGE_PAGE_CEILING, max_bytes)
+    events, _ = budget_page(store, origin, after, cap, LARGE_PAGE_CEILING, max_bytes)
     chain = _page_chain(store, origin, after, events)  # may cut the page at a signed op
     artifacts = page_artifacts(store, events, max_bytes)
     named = {a for event in events for a in event.get("artifact_ids") or []}

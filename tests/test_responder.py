@@ -10,8 +10,9 @@ from typing import Any
 
 import anyio
 import httpx
+import msgpack
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from logsync import __version__
@@ -22,10 +23,12 @@ from logsync.responder import (
     DEFAULT_MAX_PAGE_BYTES,
     EVENT_OVERHEAD_BYTES,
     LOGSYNC_SERVER,
+    PAGE_ENVELOPE_BYTES,
     PAGE_READ_BATCH,
     UPSTREAM_HUB,
     Profile,
     answer,
+    chain_bound,
     event_size,
     int_param,
     json_bytes,
@@ -252,14 +255,51 @@ def test_inline_artifacts_are_the_named_ones_by_id_once(store: Store) -> None:
 
 
 def test_inline_artifacts_keep_their_byte_budget(store: Store) -> None:
+    """RFC 004 §8.3: inline artifacts are counted as the JSON they take; one that would
+    pass the budget is left out (the puller fetches it), even the first."""
     big = [store.put_artifact("note", f"{i}" * 600, "alice") for i in range(3)]
     append(store, 1, artifact_ids=[a["id"] for a in big])
-    body = ops(store, Profile(inline_artifact_bytes=1000), ext="inline_artifacts")[1]
-    assert [a["id"] for a in body["artifacts"]] == sorted(a["id"] for a in big)[:1]
-    body = ops(store, Profile(inline_artifact_bytes=0), ext="inline_artifacts")[1]
-    assert len(body["artifacts"]) == 1  # the first always
-    body = ops(store, Profile(inline_artifact_bytes=1200), ext="inline_artifacts")[1]
-    assert len(body["artifacts"]) == 2
+    one = len(json_bytes(store.get_artifact(big[0]["id"]))) + 2
+    for allowed, inline in ((one, 1), (one - 1, 0), (0, 0), (2 * one, 2), (10 * one, 3)):
+        body = ops(store, Profile(inline_artifact_bytes=allowed), ext="inline_artifacts")[1]
+        assert [a["id"] for a in body["artifacts"]] == sorted(a["id"] for a in big)[:inline]
+
+
+@pytest.fixture(scope="module")
+def artifact_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    """Signed ops (a chain with checkpoints) naming artifacts of uneven sizes, some with
+    characters JSON escapes six times over."""
+    with Store.open(tmp_path_factory.mktemp("arts") / "palace") as opened:
+        for i in range(900):  # tiny ops among larger ones: pages with many checkpoints
+            content = ("\x01" if i % 5 == 0 else "ü") * ((i * 3571) % 9000 + 1)
+            art = [opened.put_artifact("note", f"{i}:{content}", "alice")] if i % 3 else []
+            opened.append_event("note", "main", "lobby", "alice", body="b" * (i * 37 % 600),
+                                artifact_ids=[a["id"] for a in art])
+        yield opened
+
+
+@settings(max_examples=80, deadline=None)
+@example(after=0, limit=1000, budget=200_000, exts={"chain"})  # many checkpoints
+@example(after=3, limit=1000, budget=150_000, exts={"chain", "inline_artifacts"})
+@given(after=st.integers(0, 900), limit=st.integers(1, 1000), budget=st.integers(1, 300_000),
+       exts=st.sets(st.sampled_from(["inline_artifacts", "chain"])))
+def test_a_whole_page_stays_within_its_byte_budget(artifact_store: Store, after: int,
+                                                   limit: int, budget: int,
+                                                   exts: set[str]) -> None:
+    """RFC 004 §8.3: with `large_pages`, the whole answer (events, inline artifacts,
+    chain) as JSON is at most `max_page_bytes` unless it holds one event; msgpack is
+    never larger."""
+    profile = Profile(max_page=1000, max_page_bytes=budget)
+    status, body = ops(artifact_store, profile, after=str(after), limit=str(limit),
+                       ext=",".join(["large_pages", *sorted(exts)]))
+    assert status == 200
+    size = len(json_bytes(body))
+    assert size <= budget or body["count"] == 1, (size, budget, body["count"])
+    assert len(msgpack.packb(body)) <= size
+    if body["count"] == 1 and size > budget:  # one event alone: nothing else rides along
+        assert not body.get("artifacts")
+    if "chain" in exts:  # the chain's part is within the bound the budget reserves for it
+        assert len(json_bytes({"chain": body["chain"]})) <= chain_bound(min(limit, 1000))
 
 
 # ── /sync/artifact and the rest ──────────────────────────────────────
@@ -342,9 +382,9 @@ def test_a_page_is_a_gap_free_run_within_its_budget(budget_store: Store, after: 
     if not large:
         assert len(events) == min(limit, cap, len(rest))
         return
-    assert spent <= budget or len(events) == 1
+    assert len(json_bytes(body)) <= budget or len(events) == 1
     if len(events) < min(limit, len(rest)):  # stopped early: only because of the budget
-        assert spent + event_size(rest[len(events)]) > budget
+        assert spent + event_size(rest[len(events)]) > budget - PAGE_ENVELOPE_BYTES
 
 
 def test_a_budgeted_page_reads_in_bounded_batches(budget_store: Store) -> None:
@@ -477,3 +517,14 @@ def test_server_simulator_and_fake_peer_answer_alike(tmp_path: Path) -> None:
         upstream_fake = _from_fake_peer(store, UPSTREAM_HUB, requests)
         assert upstream_sim == [tuple(a) for a in upstream_fake]
         assert "logsync" not in upstream_sim[0][1]
+
+
+def test_a_server_never_advertises_a_budget_a_puller_cannot_take(store: Store) -> None:
+    """RFC 004 §8.3: `max_page_bytes` is at most 32 MiB, half the 64 MiB a puller takes."""
+    from logsync.client import MAX_RESPONSE_BYTES
+    from logsync.errors import ValidationError as Refused
+    from logsync.responder import MAX_PAGE_BYTES_CEILING
+    assert MAX_PAGE_BYTES_CEILING * 2 == MAX_RESPONSE_BYTES
+    create_app(store, max_page_bytes=MAX_PAGE_BYTES_CEILING)
+    with pytest.raises(Refused, match="max_page_bytes=33554433 must be at most 33554432"):
+        create_app(store, max_page_bytes=MAX_PAGE_BYTES_CEILING + 1)

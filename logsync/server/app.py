@@ -13,7 +13,11 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from logsync.errors import NotFoundError, StoreError, ValidationError
-from logsync.responder import DEFAULT_INLINE_ARTIFACT_BYTES, DEFAULT_MAX_PAGE_BYTES
+from logsync.responder import (
+    DEFAULT_INLINE_ARTIFACT_BYTES,
+    DEFAULT_MAX_PAGE_BYTES,
+    MAX_PAGE_BYTES_CEILING,
+)
 from logsync.server.common import (
     UPSTREAM_PAGE,
     HealthProbe,
@@ -99,6 +103,9 @@ def create_app(
             f"sse_max_per_client={sse_max_per_client}, sse_send_timeout_s="
             f"{sse_send_timeout_s} and max_page_bytes={max_page_bytes} must be positive"
         )
+    if max_page_bytes > MAX_PAGE_BYTES_CEILING:  # a puller takes answers up to 64 MiB
+        raise ValidationError(f"max_page_bytes={max_page_bytes} must be at most "
+                              f"{MAX_PAGE_BYTES_CEILING} (32 MiB)")
     settings = Settings(
         token=token or None,
         peer_state_provider=peer_state_provider,
