@@ -13,8 +13,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from logsync.conformance.report import EXIT_FAIL, EXIT_PASS, EXIT_UNUSABLE, NA, PASS
+from logsync.conformance.report import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    EXIT_UNUSABLE,
+    FAIL,
+    NA,
+    PASS,
+    SECTIONS,
+    Report,
+)
 from logsync.conformance.runner import run_conformance
 from logsync.server.app import create_app
 from logsync.store import Store
@@ -170,3 +181,43 @@ def test_an_unreachable_peer_and_a_wrong_token_are_exit_2(served) -> None:
     report = run_conformance(served(None), "wrong-token")
     assert report.exit_code() == EXIT_UNUSABLE
     assert "401" in (report.unusable or "")
+
+
+def test_the_cli_prints_one_line_per_failure_under_its_section(served) -> None:
+    done = subprocess.run([*PY, "conformance", served(UPSTREAM_ERRORS), "--token", TOKEN],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == EXIT_FAIL, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("§11 ")))
+    assert lines[header].split()[2] == FAIL
+    assert lines[header + 1].startswith("      FAIL negative-after: /sync/ops?")
+    assert lines[-1].endswith("failed") and done.stderr == ""
+
+
+def test_a_spent_request_budget_stops_the_run_with_one_failure(served) -> None:
+    report = run_conformance(served(None), TOKEN, max_requests=10)
+    assert report.exit_code() == EXIT_FAIL and report.requests == 10
+    (stopped,) = [o for o in report.failures() if "budget of 10 requests" in o.sentence]
+    assert stopped.check == "answered" and "stopped there" in stopped.sentence
+
+
+verdicts = st.sampled_from([PASS, FAIL, NA])
+
+
+@given(st.lists(st.tuples(st.sampled_from(list(SECTIONS)), st.sampled_from("abc"), verdicts,
+                          st.text(max_size=20)), max_size=30),
+       st.one_of(st.none(), st.text(min_size=1, max_size=20)))
+def test_the_exit_code_and_section_verdicts_follow_the_outcomes(outcomes, unusable) -> None:
+    report = Report(peer="p", unusable=unusable)
+    for section, check, verdict, sentence in outcomes:
+        report.add(section, check, verdict, sentence)
+    failed = any(v == FAIL for _, _, v, _ in outcomes)
+    assert report.exit_code() == (EXIT_UNUSABLE if unusable else EXIT_FAIL if failed
+                                  else EXIT_PASS)
+    for section in SECTIONS:
+        mine = {v for s, _, v, _ in outcomes if s == section}
+        assert report.section_verdict(section) == (FAIL if FAIL in mine else PASS if PASS in mine
+                                                   else NA)
+    if unusable is None:
+        fail_lines = [line for line in report.lines() if line.startswith("      FAIL ")]
+        assert len(fail_lines) == sum(v == FAIL for _, _, v, _ in outcomes)

@@ -97,7 +97,7 @@ class Report:
     def lines(self) -> list[str]:
         """The table: one line per section, then each failure (and each n/a reason)."""
         if self.unusable is not None:
-            return [f"{self.peer}: cannot be checked: {self.unusable}"]
+            return [f"{self.peer}: cannot be checked: {' '.join(self.unusable.split())}"]
         out = [f"conformance of {self.peer} (RFC 004), {self.requests} requests, "
                f"{self.seconds:.1f} s"]
         for section, title in SECTIONS.items():
