@@ -104,7 +104,7 @@ class Report:
             mine = [o for o in self.outcomes if o.section == section]
             verdict = self.section_verdict(section)
             counted = sum(o.verdict != NA for o in mine)
-            out.append(f"{section:<5} {title:<16} {verdict:<5} {counted} checks")
+            out.append(f"{section:<5} {title:<17} {verdict:<5} {counted} checks")
             for o in mine:
                 if o.verdict == FAIL:
                     out.append(f"      FAIL {o.check}: {o.sentence}")
