@@ -1,4 +1,4 @@
-"""Snapshot join (RFC 004 §4.11): a fresh replica joining from a snapshot, in one run.
+"""Snapshot join (RFC 004 §9.6): a fresh replica joining from a snapshot, in one run.
 
   (s) `logsync sync --pull-only` from a logsync daemon into an empty palace: snapshot join
   (p) the same with `--no-snapshot`: the op-by-op pull

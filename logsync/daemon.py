@@ -80,7 +80,7 @@ class DaemonConfig:
     notifications: bool = True
     log_level: str = "info"
     extra_hosts: tuple[str, ...] = ()
-    snapshot: bool = True  # an empty store joins from a peer's snapshot (RFC 004 §4.11)
+    snapshot: bool = True  # an empty store joins from a peer's snapshot (RFC 004 §9.6)
 
     def check(self) -> None:
         """Refuse settings that would expose the log or half-configure TLS."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-# code -> (HTTP status, when it is sent). The one table; RFC 004 §7 prints it.
+# code -> (HTTP status, when it is sent). The one table; RFC 004 §11 prints it.
 ERROR_CODES: dict[str, tuple[int, str]] = {
     "bad_request": (400, "a query parameter or request body breaks a rule the reason names"),
     "unauthorized": (401, "the bearer token is missing or wrong"),

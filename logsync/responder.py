@@ -165,7 +165,7 @@ def _ops(store: Any, params: Mapping[str, Any], profile: Profile) -> dict[str, A
     limit = min(limit, cap)
     chained = EXT_CHAIN in asked
     # what the page may spend on events and artifacts: the whole answer stays within
-    # `max_page_bytes` (RFC 004 §8.3), its envelope and chain counted at their bound
+    # `max_page_bytes` (RFC 004 §8.1), its envelope and chain counted at their bound
     room = profile.max_page_bytes - PAGE_ENVELOPE_BYTES - (chain_bound(limit) if chained else 0)
     if large:  # negotiated: the page stops at the byte budget (always at least one event)
         events, spent = budget_page(store, origin, after, limit, cap, room)

@@ -49,7 +49,7 @@ MAX_DIGESTS_PER_REQUEST = 64
 EXT_PUSH = "push"
 PUSH_PATH = "/sync/push"
 ADVERTISED_MAX_PUSH_BYTES = "max_push_bytes"
-# Snapshot join (`logsync/snapshot/`, RFC 004 §4.11): `GET /sync/snapshot` streams a
+# Snapshot join (`logsync/snapshot/`, RFC 004 §7.6): `GET /sync/snapshot` streams a
 # consistent copy of the whole store to a replica whose store is empty.
 EXT_SNAPSHOT = "snapshot"
 ADVERTISED_MAX_PAGE = "max_page"

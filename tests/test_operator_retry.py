@@ -100,7 +100,7 @@ def test_a_pull_resumes_the_origin_after_a_retry(tmp_path: Path) -> None:
     assert resumed.stopped_origins() == {}
     asked = [int(r.params["after"]) for r in peer.ops_requests()
              if r.params.get("origin") == a.replica_id]
-    assert asked[0] == 1  # our top 2, less the one op a hub's page overlaps (RFC 004 §4.8)
+    assert asked[0] == 1  # our top 2, less the one op a hub's page overlaps (RFC 004 §9.5)
     assert held_seqs(b, a.replica_id) == [1, 2, 3, 4, 5]
     assert b.counts()["quarantined"] == 0
     a.close()

@@ -210,7 +210,7 @@ class TightRelay(Relay):
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "known limit, RFC 004 §9.3 (c): a relay holds signatures only at checkpoints (every "
+    "known limit, RFC 004 Appendix B item 2: a relay holds signatures only at checkpoints (every "
     "64th op) and at the ends of the pages it pulled, so a puller whose pages must stay "
     "under 64 ops (here: its byte bound) finds no page of a signed origin that ends at a "
     "signed op from that relay; the origin stops there (unsigned_page) and moves only "

@@ -200,7 +200,7 @@ def test_a_pushed_body_is_decoded_within_the_container_bound_a_pulled_answer_has
 def test_a_malformed_pushed_page_pins_no_key(desk: Store) -> None:
     """pushed.py `accept_push`: the page's published key is pinned (`PinKeys`) before the
     page is checked at all, so a page refused as malformed (400) still leaves a key in
-    `logsync_keys`, although RFC §4.10 item 4 says "A malformed page is 400 and nothing of
+    `logsync_keys`, although RFC 004 §7.5 says "A malformed page is 400 and nothing of
     it is stored" (and a pull pins only keys of origins the peer holds ops of). A pusher
     can so pin a key for any origin this replica does not hold yet, with a page carrying
     no op at all; ops that origin later signs with its real key are then refused here."""

@@ -1,4 +1,4 @@
-"""Snapshot join (RFC 004 §4.11): serving, joining, refusing, and surviving kill -9.
+"""Snapshot join (RFC 004 §7.6, §9.6): serving, joining, refusing, and surviving kill -9.
 
 Real processes where a process boundary is crossed (`logsync serve`, `logsync sync`, a
 joiner killed with SIGKILL); a small fake peer (the real app with `/sync/snapshot` or its

@@ -13,7 +13,7 @@ events reference, and the ``event_artifacts`` pairs. What it checks, per run:
    no ``event_artifacts`` row names an artifact the replica does not hold (a link whose
    artifact is missing everywhere would otherwise compare equal everywhere);
 2. per replica, each origin's seqs are a prefix of what its author holds, and a logsync
-   author's own seqs are gap-free from 1 (a hub's may have gaps: RFC 004 §3.3);
+   author's own seqs are gap-free from 1 (a hub's may have gaps: RFC 004 §6.2);
 3. no duplicated ids, ``(origin, origin_seq)`` keys, or workload ops (one op tag, two events);
 4. canonical rows and vectors identical across replicas, byte for byte (else *divergent*);
 5. no conflict or quarantine rows unless the faults were expected to make some, and then

@@ -1,5 +1,5 @@
 """The operator's commands that change a ledger or the palace's identity (issue 11, item 6;
-RFC 004 §5.7): `quarantine retry`, `conflicts review` and `reidentify`. Each is a local
+RFC 004 §10.5-10.6): `quarantine retry`, `conflicts review` and `reidentify`. Each is a local
 decision: nothing here changes what other replicas hold (a retried op is applied as a
 pulled one would be, and then served like any other)."""
 

@@ -1,4 +1,4 @@
-"""`GET /sync/snapshot` (RFC 004 §4.11): HTTP around `logsync.snapshot.making`.
+"""`GET /sync/snapshot` (RFC 004 §7.6): HTTP around `logsync.snapshot.making`.
 
 Bounds: one copy is made at a time (an `anyio.Lock`, so waiting requests hold no worker
 thread) and shared by every request while the vector is unchanged; at most

@@ -1,4 +1,4 @@
-"""Snapshot join (RFC 004 §4.11): an empty replica copies a peer's whole store at once.
+"""Snapshot join (RFC 004 §9.6): an empty replica copies a peer's whole store at once.
 
 `making` builds and caches the consistent copy a server streams (`GET /sync/snapshot`);
 `checking` is the joiner's verification of a downloaded copy (the audit of `logsync
@@ -19,7 +19,7 @@ MAX_PREAMBLE_BYTES = 1024 * 1024  # one JSON line; a vector of 4096 origins is ~
 # Files in the palace directory: the server's cached copy and the joiner's download.
 SERVE_PREFIX = ".logsync-snapshot-serve-"
 JOIN_PREFIX = ".logsync-snapshot-join-"
-# Tables whose rows are the source's own and never travel (RFC 004 §4.11).
+# Tables whose rows are the source's own and never travel (RFC 004 §7.6).
 LOCAL_ONLY_TABLES = ("logsync_conflicts", "logsync_quarantine", "logsync_health")
 
 

@@ -1,13 +1,13 @@
-"""The joiner's checks of a downloaded snapshot (RFC 004 §4.11), before anything is installed.
+"""The joiner's checks of a downloaded snapshot (RFC 004 §9.6), before anything is installed.
 
 One copy of each rule: the schema is compared with what `schema.migrate` creates, the
 chains, signatures and artifact hashes are `store/audit.py`'s (`logsync verify`). What
 only a whole-file copy needs is here: SQLite's integrity check, no triggers or views, no
 conflict or quarantine rows, the vector the preamble names, no op of the joiner's own
-origin (recovering those is the ordinary pull's job, §1.1), and every signed origin
-gap-free (logsync authors count 1, 2, 3 ...; upstream origins have gaps, §3.3).
+origin (recovering those is the ordinary pull's job, §3.2), and every signed origin
+gap-free (logsync authors count 1, 2, 3 ...; upstream origins have gaps, §6.2).
 
-Keys follow the pull's rule (§4.9), not the source's word: a key is kept only when the
+Keys follow the pull's rule (§12.2), not the source's word: a key is kept only when the
 origin's id certifies it, or it is the serving peer's own (pinned, trust on first use).
 Signatures of an origin left without a key are dropped, and so are those a puller would
 never have stored (neither at a checkpoint nor the origin's highest signed op), since

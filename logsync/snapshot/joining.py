@@ -1,4 +1,4 @@
-"""Join a mesh from a snapshot (RFC 004 §4.11): download, check, install, then tail.
+"""Join a mesh from a snapshot (RFC 004 §9.6): download, check, install, then tail.
 
 Only a store with no event at all joins this way, and only from a peer that advertises
 `snapshot`; anything else (a MemPalace hub, a refused snapshot, a failed download) leaves

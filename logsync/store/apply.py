@@ -4,7 +4,7 @@ Artifacts first (an artifact id held with other content is an `artifact` conflic
 per origin, ops are taken in origin_seq order. An op that fails validation is quarantined
 and stops its origin. A valid op meets the checks of `APPLY_CHECKS` in this order, and
 the first that answers decides (none answers: the op is inserted). The order is part of
-the spec (the kinds are RFC 004 §5.5-5.6): an op we hold is a duplicate although its id is
+the spec (the kinds are RFC 004 §10.2): an op we hold is a duplicate although its id is
 held too, a fork although it may also sit below the high-water mark, and so on down.
 
   1. duplicate         (origin, origin_seq) held or earlier in this call, same content: skip

@@ -8,7 +8,7 @@ reported. A chain commits to each artifact's *stored* sha256, so every artifact 
 re-hashed from its content and compared with its stored sha256 and size_bytes: together
 they cover one changed byte anywhere in an op or an artifact.
 
-Signatures (RFC 004 §9.3): for an origin whose key we know, the stored signatures are
+Signatures (RFC 004 §12.2): for an origin whose key we know, the stored signatures are
 verified against the stored digests (`keys.verify_digest`), which the chain check ties to
 the ops. Bounded like a page check: only the signatures at checkpoints (every
 `pagechain.CHECKPOINT`th seq) and the highest signed seq, about one op in 64, are
@@ -105,7 +105,7 @@ class OriginAudit:
     top: int | None  # highest held origin_seq (None: no op held)
     entries: int  # rows in logsync_chain
     problem: ChainProblem | None
-    # Per-origin signature check (RFC 004 §9.3); None only where it was not run.
+    # Per-origin signature check (RFC 004 §12.2); None only where it was not run.
     signature: SignatureAudit | None = None
 
     @property

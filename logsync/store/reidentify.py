@@ -1,5 +1,5 @@
 """`logsync reidentify`: a new replica id and signing key for a palace (a clone's remedy,
-RFC 004 §1.1, §9.4 (c)).
+RFC 004 §3.1, §3.2).
 
 Two palaces copied from one directory share an id and a key, so both author ops under
 one origin and every peer that meets both records forks. Reidentifying one of them gives

@@ -10,7 +10,7 @@ savepoint of one transaction, and keeps its rules:
   only when it is the next of its origin: ``origin_seq == top + 1``, `top` the highest
   held. One further on waits (``waits_for``), because applying it would leave a gap and
   the per-origin prefix is an invariant. An origin with gaps of its own (a MemPalace hub
-  counts rowids, RFC 004 §3.3) may have its next op further on: retry leaves that one
+  counts rowids, RFC 004 §6.2) may have its next op further on: retry leaves that one
   held, and the next pull applies it once its cause is gone.
 - **At or below the top** the op is offered too: the apply rules then find it already held
   (it leaves the quarantine) or record the conflict it is (`fork`, `history_rewrite`...;

@@ -1,7 +1,7 @@
 """The checker on replicas built by hand (no processes): identical replicas pass, and each
 planted defect -- a lost acknowledged op, a duplicated key or op, a changed byte, a wrong
 key, a gap, an unexpected or a missing ledger row, a failed integrity check -- fails the
-verdict with the item named. A hub's own origin may have gaps (RFC 004 §3.3); a logsync
+verdict with the item named. A hub's own origin may have gaps (RFC 004 §6.2); a logsync
 author's may not."""
 
 from __future__ import annotations
