@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -63,7 +63,7 @@ def populated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def served(populated: Path, tmp_path: Path) -> Iterator[callable]:
+def served(populated: Path, tmp_path: Path) -> Iterator[Callable[..., str]]:
     """`serve(deviation)`: the populated palace (a copy) behind a DeviantPeer on uvicorn."""
     palace = tmp_path / "palace"
     shutil.copytree(populated, palace)
