@@ -11,6 +11,7 @@ from logsync.chain import canonical_op, chain_digests, chain_start
 from logsync.conformance.context import WALK_LIMIT, Run, status_problem
 from logsync.conformance.reads import check_page, ops
 from logsync.errors import PeerProtocolError, shorten
+from logsync.responder import MAX_PAGE_BYTES_CEILING
 from logsync.wire import (
     ADVERTISED_MAX_PAGE,
     ADVERTISED_MAX_PAGE_BYTES,
@@ -62,7 +63,10 @@ def _large_pages(run: Run, origins: list[str]) -> None:
         return
     max_page, budget = advert.get(ADVERTISED_MAX_PAGE), advert.get(ADVERTISED_MAX_PAGE_BYTES)
     if type(max_page) is not int or type(budget) is not int:
-        return  # the advertisement check (§7.1) named it
+        return  # the advertisement check (§8) named it
+    run.tally.check("§8.1", "budget-within-bound", None if budget <= MAX_PAGE_BYTES_CEILING else
+                    f"logsync.max_page_bytes={budget} is above {MAX_PAGE_BYTES_CEILING}, half "
+                    "of the 64 MiB a puller must take")
     names = [EXT_LARGE_PAGES] + [n for n in (EXT_INLINE_ARTIFACTS, EXT_CHAIN)
                                  if run.advertises(n)]
     asked = {EXTENSIONS_PARAM: ",".join(names)}

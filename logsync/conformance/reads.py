@@ -35,8 +35,9 @@ OPS = "/sync/ops"
 
 
 def check_vector(run: Run) -> None:
-    """§3, §6, §7.1, §13 from the vector answer already parsed by `wire.parse_vector_answer`
-    (which refused a bad `replica_id` or a non-object vector: the run never got here)."""
+    """§3, §6, §7.1, §8 (the advertisement), §13 from the vector answer parsed by
+    `wire.parse_vector_answer` (which refused a bad `replica_id` or a non-object vector:
+    the run never got here)."""
     report, vector = run.report, run.vector
     report.passed("§3", "replica-id", f"replica_id {vector.replica_id}")
     report.passed("§7.1", "vector-answer", f"{len(vector.vector)} origins")
@@ -59,10 +60,10 @@ def _check_advertisement(run: Run) -> None:
     report, advert = run.report, run.advert
     if advert is None:
         if "logsync" in run.answer:
-            report.failed("§7.1", "advertisement", f"'logsync' is {shorten(run.answer['logsync'])}"
+            report.failed("§8", "advertisement", f"'logsync' is {shorten(run.answer['logsync'])}"
                           ", not an object")
         else:
-            report.not_applicable("§7.1", "advertisement", "no 'logsync' advertisement (an "
+            report.not_applicable("§8", "advertisement", "no 'logsync' advertisement (an "
                                   "upstream hub: no extensions)")
         report.not_applicable("§13", "version", "no 'logsync' advertisement")
         return
@@ -74,7 +75,7 @@ def _check_advertisement(run: Run) -> None:
                       "non-empty string")
     names = advert.get("extensions")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        report.failed("§7.1", "advertisement", f"logsync.extensions={shorten(names)} must be "
+        report.failed("§8", "advertisement", f"logsync.extensions={shorten(names)} must be "
                       "a list of extension names")
         return
     problems = []
@@ -88,13 +89,13 @@ def _check_advertisement(run: Run) -> None:
     if type(max_page) is int and 0 < max_page < UPSTREAM_PAGE_LIMIT:
         problems.append(f"logsync.max_page={max_page} must be at least {UPSTREAM_PAGE_LIMIT}")
     if problems:
-        report.failed("§7.1", "advertisement", "; ".join(problems))
+        report.failed("§8", "advertisement", "; ".join(problems))
         return
     unknown = [n for n in names if n not in KNOWN_EXTENSIONS]
     note = f"extensions {', '.join(names) or 'none'}"
     if unknown:  # a newer peer's names are not a fault: a puller ignores them (§8)
         note += f" ({len(unknown)} this kit does not know: {shorten(', '.join(unknown))})"
-    report.passed("§7.1", "advertisement", note)
+    report.passed("§8", "advertisement", note)
 
 
 # ── §7.2 ops ──────────────────────────────────────────────────────────
