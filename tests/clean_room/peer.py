@@ -1,0 +1,516 @@
+"""A clean-room RFC 004 peer, written from the RFC text alone (no `logsync` import).
+
+It authors a few origins' ops from a seed at start-up (§3, §4, §5, §6), keeps them in
+memory, and serves §7.1–§7.4 with the §8 extensions msgpack, large_pages,
+inline_artifacts and chain, §11 errors and the §12 bearer token. Its purpose is to prove
+the RFC is enough to write a peer that logsync pulls and `logsync conformance` passes.
+
+    python -m tests.clean_room.peer --port 0 --token T --ops 700 --seed 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import hashlib
+import hmac
+import json
+import random
+import re
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qsl, urlsplit
+
+try:  # §8 item 3: msgpack is offered only when the package is there
+    import msgpack
+except ImportError:  # pragma: no cover - the venv has it
+    msgpack = None
+try:  # §12.2: signatures are offered only when the package is there
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+except ImportError:  # pragma: no cover
+    Ed25519PrivateKey = None
+
+MAX_SEQ = 2**62
+UPSTREAM_PAGE = 500
+MAX_PAGE = 5000
+BODY_CAP = 64 * 1024
+MAX_CONNECTIONS = 32
+EVENT_KEYS = ("id", "seq", "origin_replica", "origin_seq", "hlc", "type", "stream", "room",
+              "topic", "from_agent", "to_agent", "correlation_id", "branch", "base_commit",
+              "status", "artifact_ids", "body", "created_at", "metadata")
+NULLABLE = ("topic", "to_agent", "correlation_id", "branch", "base_commit", "status")
+CANONICAL_TEXT = ("base_commit", "body", "branch", "correlation_id", "created_at",
+                  "from_agent", "hlc", "id", "origin_replica", "room", "status", "stream",
+                  "to_agent", "topic", "type")
+UPSTREAM_ROUTES = ("/healthz", "/sync/version_vector", "/sync/ops", "/sync/artifact")
+ROUTES = UPSTREAM_ROUTES + ("/sync/digests",)
+REPLICA_ID = re.compile(r"rep_(?:[0-9a-f]{32}|[0-9a-f]{12})\Z")
+DIGITS = re.compile(r"[0-9]{1,20}\Z")
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+STATUS_TEXT = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 408: "timeout", 413: "too_large",
+               500: "internal", 503: "busy"}
+
+
+# ---------------------------------------------------------------- §4.4 canonical bytes
+
+def canonical(op: dict, artifact_sha: dict) -> bytes:
+    """The 18-key canonical object of an op in stored form (§4.4)."""
+    obj = {k: op[k] for k in CANONICAL_TEXT}
+    obj.update({k: op[k] or None for k in NULLABLE})
+    obj["body"] = op["body"] or ""
+    obj["origin_seq"] = op["origin_seq"]
+    meta = json.loads(op["metadata_text"]) if op["metadata_text"] else {}
+    obj["metadata"] = meta if isinstance(meta, dict) else {}
+    obj["artifacts"] = [[a, artifact_sha.get(a)] for a in sorted(set(op["artifact_ids"]))]
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def chain_root(origin: str) -> bytes:
+    return hashlib.sha256(b"logsync-chain-v1\x00" + origin.encode("utf-8")).digest()
+
+
+def replica_id_of_key(public: bytes) -> str:
+    """§3.1: a new palace's id certifies its key."""
+    return "rep_" + hashlib.sha256(b"logsync-replica-v1\x00" + public).hexdigest()[:32]
+
+
+# ---------------------------------------------------------------- §5 HLC
+
+class Hlc:
+    """§5 tick() over an injected wall clock (the author's simulated time)."""
+
+    def __init__(self, replica: str):
+        self.replica, self.ms, self.counter = replica, 0, 0
+
+    def tick(self, wall_ms: int) -> str:
+        if wall_ms > self.ms:
+            self.ms, self.counter = wall_ms, 0
+        elif self.counter < 0xFFFFFF:
+            self.counter += 1
+        else:
+            self.ms, self.counter = self.ms + 1, 0
+        return f"{self.ms:013d}-{self.counter:06x}-{self.replica}"
+
+
+# ---------------------------------------------------------------- the authored store
+
+class Origin:
+    def __init__(self, replica: str, key=None):
+        self.id, self.key, self.hlc = replica, key, Hlc(replica)
+        self.public = (key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+                       if key else None)
+        self.seqs: list[int] = []
+        self.ops: list[dict] = []       # wire dicts, upstream key order
+        self.wire: list[str] = []       # each op as served JSON (for the byte budget)
+        self.digests: list[bytes] = []
+        self.sigs: list[str | None] = []
+
+    def digest_at(self, s: int) -> str | None:
+        """D(s) (§4.4): the highest held op at or below s; undefined above the tip."""
+        if s > (self.seqs[-1] if self.seqs else 0):
+            return None
+        i = bisect.bisect_right(self.seqs, s)
+        return (self.digests[i - 1] if i else chain_root(self.id)).hex()
+
+
+class Store:
+    """Authors `n_ops` valid ops over three origins from `seed` (§4.1, §4.2, §5, §6.2)."""
+
+    def __init__(self, n_ops: int, seed: int, signed: bool = True):
+        rng = random.Random(seed)
+        keys = [Ed25519PrivateKey.from_private_bytes(
+                    hashlib.sha256(f"clean-room-{seed}-{i}".encode()).digest())
+                if signed and Ed25519PrivateKey else None for i in range(2)]
+        ids = [replica_id_of_key(k.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+               if k else "rep_" + hashlib.sha256(f"o{seed}{i}".encode()).hexdigest()[:32]
+               for i, k in enumerate(keys)]
+        # the third origin is an older upstream one: 12-hex id, unsigned, gaps in its seqs
+        ids.append("rep_" + hashlib.sha256(f"old{seed}".encode()).hexdigest()[:12])
+        self.origins = {i: Origin(i, k) for i, k in zip(ids, keys + [None])}
+        self.replica_id = ids[0]
+        self.artifacts: dict[str, dict] = {}
+        self.artifact_sha: dict[str, str] = {}
+        wall = 1796000000000 + rng.randrange(10**6)
+        for n in range(1, n_ops + 1):
+            wall += rng.choice((0, 0, 1, 3, 1000))
+            origin = self.origins[ids[rng.choice((0, 0, 1, 2))]]
+            self._author(rng, n, origin, wall)
+
+    def _artifact(self, rng, origin: Origin, when: str, tag: str) -> str:
+        kind = rng.choice(("patch", "file", "log", "json", "note"))
+        content = (f"--- a/{tag}\n+++ b/{tag}\n@@ -1 +1 @@\n-1\n+2 ü\n" if kind == "patch"
+                   else f"{kind} {tag} «données»\n" * rng.randrange(1, 400))
+        data = content.encode("utf-8")
+        art_id = f"art_{when[:4]}{when[5:7]}{when[8:10]}T{when[11:13]}{when[14:16]}{when[17:19]}_" \
+                 + hashlib.sha256(tag.encode()).hexdigest()[:12]
+        sha = hashlib.sha256(data).hexdigest()
+        self.artifacts[art_id] = {
+            "id": art_id, "kind": kind, "sha256": sha, "size_bytes": len(data),
+            "content": content, "created_by": "pi@laptop", "created_at": when,
+            "origin_replica": rng.choice((origin.id, origin.id, None)), "metadata": {}}
+        self.artifact_sha[art_id] = sha
+        return art_id
+
+    def _author(self, rng, n: int, origin: Origin, wall: int) -> None:
+        hlc = origin.hlc.tick(wall)
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall // 1000))
+        step = rng.randrange(1, 4) if len(origin.id) == 16 else 1  # upstream gaps (§6.2)
+        seq = (origin.seqs[-1] if origin.seqs else 0) + step
+        arts = []
+        if rng.random() < 0.15:
+            arts.append(self._artifact(rng, origin, when, f"{seed_tag(n)}"))
+        if self.artifacts and rng.random() < 0.1:
+            arts.append(rng.choice(sorted(self.artifacts)))
+        meta = rng.choice(({}, {"priority": n % 5}, {"ratio": 2.5e-05, "big": 1e16, "neg": -0.0,
+                           "nested": {"z": [1, 2.0, None, True], "a": "ü\n"}},
+                           {"ack_of": f"evt_x{n}", "é": "naïve"}))
+        body = rng.choice(("", f"Please fix {n}.", "quote \" back\\slash \t tab \x01 ctl 🙂",
+                           "line\n" * 40, "large body ü " * rng.randrange(1, 4000)))
+        op = {
+            "id": f"evt_{when[:4]}{when[5:7]}{when[8:10]}T{when[11:13]}{when[14:16]}{when[17:19]}_"
+                  + hashlib.sha256(f"{origin.id}{seq}".encode()).hexdigest()[:12],
+            "seq": n, "origin_replica": origin.id, "origin_seq": seq, "hlc": hlc,
+            "type": rng.choice(("task.request", "task.result", "note", "event.ack")),
+            "stream": rng.choice(("build", "project/x", "café/ü")), "room": "ci",
+            "topic": rng.choice((None, "release 1.2")),
+            "from_agent": rng.choice(("pi@laptop", "codex@build-box", "名前@デバイス")),
+            "to_agent": rng.choice((None, "pi@laptop", "*")),
+            "correlation_id": rng.choice((None, f"fix-{n % 17}")),
+            "branch": rng.choice((None, "main")), "base_commit": rng.choice((None, "abc123")),
+            "status": rng.choice((None, "open", "claimed", "ready", "applied", "blocked",
+                                  "failed", "superseded")),
+            "artifact_ids": sorted(set(arts)), "body": body, "created_at": when,
+            "metadata_text": json.dumps(meta, ensure_ascii=False, sort_keys=True,
+                                        allow_nan=False)}
+        prev = origin.digests[-1] if origin.digests else chain_root(origin.id)
+        digest = hashlib.sha256(prev + canonical(op, self.artifact_sha)).digest()
+        wire = {k: op[k] for k in EVENT_KEYS if k != "metadata"}
+        wire["metadata"] = json.loads(op["metadata_text"])
+        origin.seqs.append(seq)
+        origin.ops.append(wire)
+        origin.wire.append(json.dumps(wire, ensure_ascii=False))
+        origin.digests.append(digest)
+        origin.sigs.append(origin.key.sign(b"logsync-op-sig-v1\x00" + digest).hex()
+                           if origin.key else None)
+
+    # ------------------------------------------------------------ answers (§7)
+
+    def vector(self, max_page_bytes: int) -> dict:
+        held = {o.id: o for o in self.origins.values() if o.seqs}
+        return {"replica_id": self.replica_id,
+                "version_vector": {i: o.seqs[-1] for i, o in held.items()},
+                "logsync": {
+                    "version": "clean-room-0.1",
+                    "extensions": (["msgpack"] if msgpack else [])
+                    + ["large_pages", "inline_artifacts", "chain"],
+                    "max_page": MAX_PAGE, "max_page_bytes": max_page_bytes,
+                    "tips": {i: [o.seqs[-1], o.digests[-1].hex()] for i, o in held.items()},
+                    "tip_sigs": {i: o.sigs[-1] for i, o in held.items() if o.sigs[-1]},
+                    "keys": {i: o.public for i, o in held.items() if o.public}}}
+
+    def page(self, origin_id: str, after: int, limit: int, ext: set, budget: int) -> dict:
+        """§7.2 with §8 items 4–6 and the §8.1 byte budget (measured as served JSON)."""
+        origin = self.origins.get(origin_id)
+        large = "large_pages" in ext
+        limit = min(limit, MAX_PAGE if large else UPSTREAM_PAGE)
+        answer = {"origin": origin_id, "events": [], "count": 0}
+        if origin is None:
+            start = end = 0
+        else:
+            start = bisect.bisect_right(origin.seqs, after)
+            end = min(len(origin.seqs), start + limit)
+        if large and end > start:
+            size = len(json.dumps(answer, ensure_ascii=False)) + 400  # chain + artifacts keys
+            stop = start
+            while stop < end:
+                grow = len(origin.wire[stop].encode("utf-8")) + 2
+                grow += 150 if origin.seqs[stop] % 64 == 0 else 0
+                if stop > start and size + grow > budget:
+                    break
+                size, stop = size + grow, stop + 1
+            end = stop
+        ops = origin.ops[start:end] if origin else []
+        answer["events"], answer["count"] = ops, len(ops)
+        if "inline_artifacts" in ext:
+            answer["artifacts"] = []
+        if "chain" in ext:
+            sigs = [[origin.seqs[i], origin.sigs[i]] for i in range(start, end)
+                    if origin.sigs[i] and (origin.seqs[i] % 64 == 0 or i == end - 1)]
+            answer["chain"] = {"prev": origin.digest_at(after) if ops else None, "sigs": sigs}
+        if "inline_artifacts" in ext:
+            names = sorted({a for op in ops for a in op["artifact_ids"]})
+            size = len(json.dumps(answer, ensure_ascii=False).encode("utf-8"))
+            for name in names:
+                art = self.artifacts[name]
+                grow = len(json.dumps(art, ensure_ascii=False).encode("utf-8")) + 2
+                if size + grow <= budget:
+                    answer["artifacts"].append(art)
+                    size += grow
+        return answer
+
+    def digests(self, origin_id: str, ats: list[int]) -> dict:
+        origin = self.origins.get(origin_id) or Origin(origin_id)
+        return {"origin": origin_id, "digests": [[s, origin.digest_at(s)] for s in ats]}
+
+
+def seed_tag(n: int) -> str:
+    return f"a{n}"
+
+
+# ---------------------------------------------------------------- HTTP (§7, §11, §12)
+
+class BadRequest(Exception):
+    def __init__(self, status: int, sentence: str, headers: dict | None = None):
+        super().__init__(sentence)
+        self.status, self.sentence, self.headers = status, sentence, headers or {}
+
+
+def _one(query: dict, name: str) -> str | None:
+    values = query.get(name)
+    if values is None:
+        return None
+    if len(values) > 1:
+        raise BadRequest(400, f"{name} is given {len(values)} times; give it once")
+    return values[0]
+
+
+def _int(name: str, raw: str, low: int, high: int) -> int:
+    if not DIGITS.match(raw):
+        raise BadRequest(400, f"{name}={raw[:80]!r} is not an integer")
+    value = int(raw)
+    if not low <= value <= high:
+        raise BadRequest(400, f"{name}={value} is outside {low}..{high}")
+    return value
+
+
+def _label_ok(value: str) -> bool:
+    """§4.1 routing label: 1..256 code points, not only whitespace, no controls."""
+    return (0 < len(value) <= 256 and not value.isspace()
+            and not any(ord(c) < 0x20 or ord(c) == 0x7F or 0xD800 <= ord(c) <= 0xDFFF
+                        for c in value))
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "clean-room-peer"
+    timeout = 10
+
+    def log_message(self, fmt, *args):  # quiet: the test reads stdout
+        pass
+
+    def do_GET(self):
+        self._dispatch()
+
+    def do_HEAD(self):
+        self._dispatch()
+
+    def do_POST(self):
+        self._dispatch()
+
+    def do_PUT(self):
+        self._dispatch()
+
+    def do_DELETE(self):
+        self._dispatch()
+
+    def do_PATCH(self):
+        self._dispatch()
+
+    def do_OPTIONS(self):
+        self._dispatch()
+
+    # ------------------------------------------------------------------
+    def _dispatch(self):
+        url = urlsplit(self.path)
+        coded = (url.path not in UPSTREAM_ROUTES
+                 or self.headers.get("Logsync-Errors", "").strip().lower() == "codes")
+        try:
+            self._check_transport()
+            if url.path == "/healthz" and self.command in ("GET", "HEAD"):
+                return self._send(200, b"ok\n", "text/plain; charset=utf-8")
+            self._check_token()
+            if url.path not in ROUTES:
+                raise BadRequest(404, f"no route {url.path[:80]!r}")
+            if self.command != "GET":
+                raise BadRequest(405, f"{self.command} is not allowed on {url.path}; use GET",
+                                 {"Allow": "GET"})
+            query: dict[str, list[str]] = {}
+            for k, v in parse_qsl(url.query, keep_blank_values=True, max_num_fields=32):
+                query.setdefault(k, []).append(v)
+            self._answer(getattr(self, "_r_" + url.path.rsplit("/", 1)[1])(query))
+        except BadRequest as e:
+            body = ({"error": STATUS_TEXT[e.status], "reason": e.sentence} if coded
+                    else {"error": e.sentence})
+            self._send(e.status, json.dumps(body, ensure_ascii=False).encode("utf-8"),
+                       "application/json; charset=utf-8", e.headers)
+        except ValueError as e:  # parse_qsl over its field cap
+            body = {"error": "bad_request", "reason": f"the query string is refused: {e}"}
+            self._send(400, json.dumps(body if coded else {"error": body["reason"]}).encode(),
+                       "application/json; charset=utf-8")
+
+    def _check_transport(self):
+        """§7 common rules: loopback Host/Origin (403, before the token), body cap (413)."""
+        port = self.server.server_address[1]
+        host = (self.headers.get("Host") or "").strip().lower()
+        name, _, hport = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+        if not name:
+            name, hport = host, ""
+        if name not in LOOPBACK_NAMES or (hport and hport != str(port)):
+            raise BadRequest(403, f"Host {host[:80]!r} is not this loopback server")
+        origin = self.headers.get("Origin")
+        if origin is not None:
+            oname = urlsplit(origin.strip()).hostname or ""
+            if oname not in ("127.0.0.1", "localhost", "::1"):
+                raise BadRequest(403, f"Origin {origin[:80]!r} is not loopback")
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise BadRequest(400, "a chunked request body is not taken; send Content-Length")
+        raw = self.headers.get("Content-Length") or "0"
+        length = int(raw) if raw.isdigit() and len(raw) < 12 else -1
+        if length < 0:
+            self.close_connection = True
+            raise BadRequest(400, f"Content-Length {raw[:40]!r} is not a byte count")
+        if length > BODY_CAP:
+            self.close_connection = True
+            raise BadRequest(413, f"a request body of {length} bytes is over {BODY_CAP}")
+        try:
+            self.rfile.read(length)
+        except OSError:
+            self.close_connection = True
+            raise BadRequest(408, "the request body did not arrive in time") from None
+
+    def _check_token(self):
+        token = self.server.token
+        if token is None:
+            return
+        given = (self.headers.get("Authorization") or "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, b"Bearer " + token.encode("utf-8")):
+            raise BadRequest(401, "the bearer token is missing or wrong",
+                             {"WWW-Authenticate": "Bearer"})
+
+    def _answer(self, obj):
+        accept = self.headers.get("Accept") or ""
+        if msgpack and _wants_msgpack(accept):
+            try:
+                return self._send(200, msgpack.packb(obj, use_bin_type=True),
+                                  "application/msgpack")
+            except (OverflowError, ValueError, TypeError):
+                pass  # §8 item 3: an integer beyond 64 bits falls back to JSON
+        self._send(200, json.dumps(obj, ensure_ascii=False).encode("utf-8"),
+                   "application/json; charset=utf-8")
+
+    def _send(self, status: int, body: bytes, ctype: str, headers: dict | None = None):
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    # ------------------------------------------------------------------ routes
+    def _r_version_vector(self, query):
+        return self.server.store.vector(self.server.max_page_bytes)
+
+    def _r_ops(self, query):
+        origin = _one(query, "origin")
+        if not origin:
+            raise BadRequest(400, "origin is required and must not be empty")
+        if not _label_ok(origin):
+            raise BadRequest(400, f"origin={origin[:80]!r} breaks the routing-label rule")
+        after_raw = _one(query, "after")
+        after = 0 if after_raw is None else _int("after", after_raw, 0, MAX_SEQ)
+        limit_raw = _one(query, "limit")
+        limit = UPSTREAM_PAGE if not limit_raw else _int("limit", limit_raw, 1, 10**12)
+        ext = {e.strip().lower() for e in (_one(query, "ext") or "").split(",")[:32]}
+        return self.server.store.page(origin, after, limit, ext, self.server.max_page_bytes)
+
+    def _r_artifact(self, query):
+        art_id = _one(query, "id")
+        if not art_id:
+            raise BadRequest(400, "id is required and must not be empty")
+        art = self.server.store.artifacts.get(art_id)
+        if art is None:
+            raise BadRequest(404, f"artifact {art_id[:140]!r} not found")
+        return {"artifact": art}
+
+    def _r_digests(self, query):
+        origin = _one(query, "origin") or ""
+        if not REPLICA_ID.match(origin):
+            raise BadRequest(400, f"origin={origin[:80]!r} is not a replica id")
+        parts = (_one(query, "at") or "").split(",")
+        if not 1 <= len(parts) <= 64 or parts == [""]:
+            raise BadRequest(400, f"at must hold 1 to 64 comma-separated seqs, not {len(parts)}")
+        return self.server.store.digests(origin, [_int("at", p, 0, MAX_SEQ) for p in parts])
+
+
+def _wants_msgpack(accept: str) -> bool:
+    for item in accept.split(",")[:32]:
+        media, *params = [p.strip().lower() for p in item.split(";")]
+        if media in ("application/msgpack", "application/x-msgpack"):
+            q = next((p[2:] for p in params if p.startswith("q=")), "1")
+            try:
+                return float(q) > 0
+            except ValueError:
+                return False
+    return False
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 16
+
+    def __init__(self, address, store: Store, token: str | None, max_page_bytes: int):
+        super().__init__(address, Handler)
+        self.store, self.token, self.max_page_bytes = store, token, max_page_bytes
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):  # bounded: refuse over the cap
+            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\n"
+                            b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--token", default=None)
+    p.add_argument("--ops", type=int, default=700, choices=range(1, 100_001), metavar="1..100000")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--max-page-bytes", type=int, default=8 * 1024 * 1024)
+    p.add_argument("--unsigned", action="store_true")
+    a = p.parse_args(argv)
+    if not 4096 <= a.max_page_bytes <= 32 * 1024 * 1024:
+        p.error(f"--max-page-bytes {a.max_page_bytes} is outside 4096..33554432 (§8.1)")
+    store = Store(a.ops, a.seed, signed=not a.unsigned)
+    server = Server(("127.0.0.1", a.port), store, a.token, a.max_page_bytes)
+    print(json.dumps({"port": server.server_address[1], "replica_id": store.replica_id,
+                      "vector": store.vector(a.max_page_bytes)["version_vector"]}), flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
