@@ -92,6 +92,7 @@ class Bench:
     """
 
     def __init__(self, keep: bool = False, prefix: str = "logsync-bench-") -> None:
+        compile_logsync()
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
         self.keep = keep
         self.servers: list[ServerProcess] = []
@@ -309,6 +310,18 @@ def emit(result: Mapping[str, Any], lines: Sequence[str], as_json: bool) -> None
         print(json.dumps(result, indent=2, sort_keys=False))
     else:
         print("\n".join(lines))
+
+
+def compile_logsync() -> None:
+    """Byte-compile the logsync under test, as `pip install` does for MemPalace's venv:
+    with PYTHONDONTWRITEBYTECODE set and an editable install, every `logsync` child would
+    otherwise compile its modules from source (~0.1 s a process) and the upstream
+    baseline would not."""
+    import compileall
+
+    import logsync
+
+    compileall.compile_dir(next(iter(logsync.__path__)), quiet=1, workers=1)
 
 
 def run_main(name: str, args: Any, measure: Callable[[Any, Bench], Mapping[str, Any]],
