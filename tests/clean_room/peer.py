@@ -46,7 +46,11 @@ CANONICAL_TEXT = ("base_commit", "body", "branch", "correlation_id", "created_at
                   "from_agent", "hlc", "id", "origin_replica", "room", "status", "stream",
                   "to_agent", "topic", "type")
 UPSTREAM_ROUTES = ("/healthz", "/sync/version_vector", "/sync/ops", "/sync/artifact")
-ROUTES = UPSTREAM_ROUTES + ("/sync/digests",)
+ROUTES = UPSTREAM_ROUTES + ("/sync/digests", "/logstream/stream")
+STREAM_FILTERS = ("stream", "room", "topic", "type", "to_agent", "from_agent",
+                  "correlation_id", "status")
+STATUSES = ("open", "claimed", "ready", "applied", "blocked", "failed", "superseded")
+STREAM_CAP, PING_AFTER, STREAM_LIFETIME = 8, 15.0, 3600.0
 REPLICA_ID = re.compile(r"rep_(?:[0-9a-f]{32}|[0-9a-f]{12})\Z")
 DIGITS = re.compile(r"[0-9]{1,20}\Z")
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
@@ -131,10 +135,13 @@ class Store:
                for i, k in enumerate(keys)]
         # the third origin is an older upstream one: 12-hex id, unsigned, gaps in its seqs
         ids.append("rep_" + hashlib.sha256(f"old{seed}".encode()).hexdigest()[:12])
-        self.origins = {i: Origin(i, k) for i, k in zip(ids, keys + [None])}
+        self.origins = {i: Origin(i, k) for i, k in zip(ids, keys + [None], strict=True)}
         self.replica_id = ids[0]
         self.artifacts: dict[str, dict] = {}
+        self.timeline: list[dict] = []  # every op in local seq order (§5, the stream)
+        self.by_id: dict[str, int] = {}
         self.artifact_sha: dict[str, str] = {}
+        self.plant: str | None = None
         wall = 1796000000000 + rng.randrange(10**6)
         for n in range(1, n_ops + 1):
             wall += rng.choice((0, 0, 1, 3, 1000))
@@ -163,7 +170,7 @@ class Store:
         seq = (origin.seqs[-1] if origin.seqs else 0) + step
         arts = []
         if rng.random() < 0.15:
-            arts.append(self._artifact(rng, origin, when, f"{seed_tag(n)}"))
+            arts.append(self._artifact(rng, origin, when, f"a{n}"))
         if self.artifacts and rng.random() < 0.1:
             arts.append(rng.choice(sorted(self.artifacts)))
         meta = rng.choice(({}, {"priority": n % 5}, {"ratio": 2.5e-05, "big": 1e16, "neg": -0.0,
@@ -193,6 +200,8 @@ class Store:
         wire["metadata"] = json.loads(op["metadata_text"])
         origin.seqs.append(seq)
         origin.ops.append(wire)
+        self.by_id[wire["id"]] = len(self.timeline)
+        self.timeline.append(wire)
         origin.wire.append(json.dumps(wire, ensure_ascii=False))
         origin.digests.append(digest)
         origin.sigs.append(origin.key.sign(b"logsync-op-sig-v1\x00" + digest).hex()
@@ -241,7 +250,10 @@ class Store:
         if "chain" in ext:
             sigs = [[origin.seqs[i], origin.sigs[i]] for i in range(start, end)
                     if origin.sigs[i] and (origin.seqs[i] % 64 == 0 or i == end - 1)]
-            answer["chain"] = {"prev": origin.digest_at(after) if ops else None, "sigs": sigs}
+            prev = origin.digest_at(after) if ops else None
+            if prev and self.plant == "prev":  # a planted defect, for the test of the test
+                prev = ("1" if prev[0] == "0" else "0") + prev[1:]
+            answer["chain"] = {"prev": prev, "sigs": sigs}
         if "inline_artifacts" in ext:
             names = sorted({a for op in ops for a in op["artifact_ids"]})
             size = len(json.dumps(answer, ensure_ascii=False).encode("utf-8"))
@@ -256,10 +268,6 @@ class Store:
     def digests(self, origin_id: str, ats: list[int]) -> dict:
         origin = self.origins.get(origin_id) or Origin(origin_id)
         return {"origin": origin_id, "digests": [[s, origin.digest_at(s)] for s in ats]}
-
-
-def seed_tag(n: int) -> str:
-    return f"a{n}"
 
 
 # ---------------------------------------------------------------- HTTP (§7, §11, §12)
@@ -280,6 +288,8 @@ def _one(query: dict, name: str) -> str | None:
 
 
 def _int(name: str, raw: str, low: int, high: int) -> int:
+    if raw.startswith("-") and DIGITS.match(raw[1:]):
+        raise BadRequest(400, f"{name}={raw[:80]!r} is negative; it must be at least {low}")
     if not DIGITS.match(raw):
         raise BadRequest(400, f"{name}={raw[:80]!r} is not an integer")
     value = int(raw)
@@ -303,28 +313,6 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):  # quiet: the test reads stdout
         pass
 
-    def do_GET(self):
-        self._dispatch()
-
-    def do_HEAD(self):
-        self._dispatch()
-
-    def do_POST(self):
-        self._dispatch()
-
-    def do_PUT(self):
-        self._dispatch()
-
-    def do_DELETE(self):
-        self._dispatch()
-
-    def do_PATCH(self):
-        self._dispatch()
-
-    def do_OPTIONS(self):
-        self._dispatch()
-
-    # ------------------------------------------------------------------
     def _dispatch(self):
         url = urlsplit(self.path)
         coded = (url.path not in UPSTREAM_ROUTES
@@ -342,6 +330,8 @@ class Handler(BaseHTTPRequestHandler):
             query: dict[str, list[str]] = {}
             for k, v in parse_qsl(url.query, keep_blank_values=True, max_num_fields=32):
                 query.setdefault(k, []).append(v)
+            if url.path == "/logstream/stream":
+                return self._stream(query)
             self._answer(getattr(self, "_r_" + url.path.rsplit("/", 1)[1])(query))
         except BadRequest as e:
             body = ({"error": STATUS_TEXT[e.status], "reason": e.sentence} if coded
@@ -416,6 +406,55 @@ class Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def _stream(self, query) -> None:
+        """§7.7: check filters and cursor before taking a slot; frames after the cursor in
+        local seq order, then `: ping` every 15 s of silence (this store never grows)."""
+        filters = {}
+        for name in STREAM_FILTERS:
+            value = _one(query, name)
+            if value is None:
+                continue
+            if not _label_ok(value) or (name == "status" and value not in STATUSES):
+                raise BadRequest(400, f"filter {name}={value[:80]!r} is not a valid {name}")
+            filters[name] = value
+        store = self.server.store
+        cursor = _one(query, "since_event_id") or self.headers.get("Last-Event-ID")
+        if cursor is None:
+            start = len(store.timeline)
+        elif cursor in store.by_id:
+            start = store.by_id[cursor] + 1
+        else:
+            raise BadRequest(400, f"since_event_id {cursor[:140]!r} is not an event held here")
+        if not self.server.stream_slots.acquire(blocking=False):
+            raise BadRequest(503, f"all {STREAM_CAP} stream slots are taken", {"Retry-After": "5"})
+        try:
+            self.close_connection = True
+            self.send_response(200)
+            for k, v in (("Content-Type", "text/event-stream; charset=utf-8"),
+                         ("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"),
+                         ("Connection", "close")):
+                self.send_header(k, v)
+            self.end_headers()
+            if self.command == "HEAD":
+                return
+            for op in store.timeline[start:]:
+                if all(op.get(k) == v or (k == "to_agent" and op.get(k) == "*")
+                       for k, v in filters.items()):
+                    data = json.dumps(op, ensure_ascii=False)
+                    self.wfile.write(f"id: {op['id']}\nevent: logstream\ndata: {data}\n\n"
+                                        .encode())
+            self.wfile.flush()
+            deadline = time.monotonic() + STREAM_LIFETIME
+            while time.monotonic() < deadline and not self.server.closing.wait(PING_AFTER):
+                self.wfile.write(b": ping\n\n")
+                self.wfile.flush()
+        except OSError:
+            pass  # the client left: its slot is freed below
+        finally:
+            self.server.stream_slots.release()
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _dispatch
+
     # ------------------------------------------------------------------ routes
     def _r_version_vector(self, query):
         return self.server.store.vector(self.server.max_page_bytes)
@@ -472,6 +511,8 @@ class Server(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.store, self.token, self.max_page_bytes = store, token, max_page_bytes
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.stream_slots = threading.BoundedSemaphore(STREAM_CAP)
+        self.closing = threading.Event()
 
     def process_request(self, request, client_address):
         if not self.slots.acquire(blocking=False):  # bounded: refuse over the cap
@@ -496,10 +537,12 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--max-page-bytes", type=int, default=8 * 1024 * 1024)
     p.add_argument("--unsigned", action="store_true")
+    p.add_argument("--plant", choices=("prev",), help="serve a planted defect (tests only)")
     a = p.parse_args(argv)
     if not 4096 <= a.max_page_bytes <= 32 * 1024 * 1024:
         p.error(f"--max-page-bytes {a.max_page_bytes} is outside 4096..33554432 (§8.1)")
     store = Store(a.ops, a.seed, signed=not a.unsigned)
+    store.plant = a.plant
     server = Server(("127.0.0.1", a.port), store, a.token, a.max_page_bytes)
     print(json.dumps({"port": server.server_address[1], "replica_id": store.replica_id,
                       "vector": store.vector(a.max_page_bytes)["version_vector"]}), flush=True)
@@ -508,6 +551,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        server.closing.set()
         server.server_close()
     return 0
 
