@@ -249,6 +249,10 @@ def test_the_snapshot_is_advertised_cached_and_holds_nothing_local(source: Store
                 again = await c.get("/sync/snapshot")
                 made = [p.name for p in palace.iterdir() if p.name.startswith(SERVE_PREFIX)]
                 source.append_event(type="t.x", stream="s", room="r", from_agent="a@b")
+                stale = await c.get("/sync/snapshot")  # one op behind: fresh enough
+                assert stale.headers["x-logsync-snapshot-sha256"] == \
+                    first.headers["x-logsync-snapshot-sha256"]
+                app.state.logsync.snapshots.cache.stale_ops = 0
                 moved = await c.get("/sync/snapshot")
                 after = [p.name for p in palace.iterdir() if p.name.startswith(SERVE_PREFIX)]
             app.state.logsync.close()
@@ -259,7 +263,7 @@ def test_the_snapshot_is_advertised_cached_and_holds_nothing_local(source: Store
     assert first.status_code == 200
     sha = first.headers["x-logsync-snapshot-sha256"]
     assert again.headers["x-logsync-snapshot-sha256"] == sha  # cached: the vector held
-    assert moved.headers["x-logsync-snapshot-sha256"] != sha  # a new op: a new copy
+    assert moved.headers["x-logsync-snapshot-sha256"] != sha  # too stale: a new copy
     assert len(made) == 1 and len(after) == 1 and made != after and left == []
     line, _, data = moved.content.partition(b"\n")
     preamble = json.loads(line)

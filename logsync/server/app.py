@@ -40,6 +40,7 @@ from logsync.server.routes import (
     _ENDPOINTS,
     _METHODS,
 )
+from logsync.server.snapshotroute import warm as warm_snapshot
 from logsync.server.statuspage import PAGE_ENDPOINTS, PAGE_METHODS
 from logsync.server.stream import (
     ChangeNotifier,
@@ -76,6 +77,7 @@ def create_app(
     sse_send_timeout_s: float = 10.0,
     body_timeout_s: float = 10.0,
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
+    snapshot_ahead: bool = True,
 ) -> Starlette:
     """Build the ASGI app over a ``Store``, or over ``store_factory``, a zero-argument
     callable that opens one on first use (the app then closes it).
@@ -94,6 +96,7 @@ def create_app(
     that takes no write for ``sse_send_timeout_s``. With ``large_pages`` negotiated,
     ``/sync/ops`` stops before the event that would push the page past ``max_page_bytes``
     of event JSON (always at least one event); upstream requests are unchanged.
+    ``snapshot_ahead`` makes the snapshot copy as the server starts (`snapshotroute.warm`).
     """
     _check_settings(sse_max_clients, sse_heartbeat_s, sse_poll_s, max_page, max_body_bytes)
     if not body_timeout_s > 0:
@@ -137,7 +140,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         try:
-            yield
+            async with anyio.create_task_group() as group:
+                if snapshot_ahead:
+                    group.start_soon(warm_snapshot, server)
+                yield
+                group.cancel_scope.cancel()
         finally:
             await anyio.to_thread.run_sync(server.close)
 

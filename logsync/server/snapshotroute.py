@@ -25,6 +25,7 @@ from logsync.snapshot.making import SnapshotCache, SnapshotFile
 logger = logging.getLogger("logsync.server")
 
 MAX_STREAMS = 4
+WARM_MAX_BYTES = 256 * 1024 * 1024  # a store up to this size is copied as the server starts
 SEND_BASE_S = 60.0
 MIN_RATE = 1024 * 1024  # bytes per second a download must average past SEND_BASE_S
 CHUNK = 256 * 1024
@@ -60,6 +61,27 @@ async def sync_snapshot(request: Request) -> Response:
                  SHA256_HEADER: made.sha256, SIZE_HEADER: str(made.size),
                  "Cache-Control": "no-store"},
     )
+
+
+async def warm(srv: _Server) -> None:
+    """Make the copy as the server starts, so the first joiner does not wait for it: for a
+    store with events whose file is at most `WARM_MAX_BYTES` (a larger one is copied when
+    first asked). A failure is logged once; the route makes its own copy later."""
+    state = _state(srv)
+    try:
+        async with state.making:
+            await srv.run(lambda store: _current(srv, store) if _worth_warming(store) else None)
+    except Exception as exc:  # never the server's end: the route tries again when asked
+        logger.warning("the snapshot could not be made ahead of a request: %s", exc)
+
+
+def _worth_warming(store: object) -> bool:
+    db_path = getattr(store, "db_path", None)
+    try:
+        small = db_path is not None and db_path.stat().st_size <= WARM_MAX_BYTES
+    except OSError:
+        return False
+    return small and bool(store.version_vector())  # type: ignore[attr-defined]
 
 
 class _State:

@@ -4,10 +4,12 @@ The copy is made with SQLite's online backup API from a read connection of its o
 read transaction, so it is one consistent state; the live file is never streamed), into
 a temporary file in the palace directory (private, and on the store's disk). The rows
 that are this replica's own (its conflicts, quarantine and health rows) are deleted from
-the copy, and its own keyring row stops saying `self`. The copy is kept while the
-store's version vector is unchanged: at most one file, removed when a newer copy
-replaces it and at close. A stream already reading a replaced file keeps its open
-descriptor, so replacing never cuts a download short.
+the copy, and its own keyring row stops saying `self`. The copy is served while it is
+fresh enough: a snapshot is joined and then tailed by vector (RFC 004 §9.6), so a copy a
+few ops behind the store costs its joiner one short pull, while making a new one costs a
+full copy. At most one file, removed when a newer copy replaces it and at close. A
+stream already reading a replaced file keeps its open descriptor, so replacing never cuts
+a download short.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import os
 import sqlite3
 import tempfile
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from logsync.keys import certifies
@@ -27,6 +31,10 @@ from logsync.snapshot import LOCAL_ONLY_TABLES, SERVE_PREFIX, SNAPSHOT_FORMAT
 from logsync.store.faults import BUSY_TIMEOUT_S
 
 HASH_CHUNK = 1024 * 1024
+# A cached copy is served while the store holds at most this many ops more than it and
+# it is at most this old; past either, the next request makes a new one.
+STALE_OPS = 2000
+STALE_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,7 @@ class SnapshotFile:
     size: int
     sha256: str
     replica_id: str
+    made_at: float = field(default_factory=time.monotonic)
 
     def preamble(self) -> bytes:
         return json_bytes({"format": SNAPSHOT_FORMAT, "replica_id": self.replica_id,
@@ -48,20 +57,23 @@ class SnapshotFile:
 class SnapshotCache:
     """The one cached copy of a store; `current` makes it when the vector moved."""
 
-    def __init__(self, db_path: Path, replica_id: str) -> None:
+    def __init__(self, db_path: Path, replica_id: str, *, stale_ops: int = STALE_OPS,
+                 stale_s: float = STALE_S) -> None:
         self.db_path = Path(db_path)
         self.replica_id = replica_id
+        self.stale_ops, self.stale_s = stale_ops, stale_s
         self._file: SnapshotFile | None = None
         self._lock = threading.Lock()  # guards _file (the route serialises making)
         self._closed = False
         remove_stale(self.db_path.parent, SERVE_PREFIX)
 
     def current(self, vector: dict[str, int]) -> SnapshotFile:
-        """The cached copy if it holds `vector`, else a new one (blocking: call from a
-        worker thread; callers serialise, so concurrent requests share one copy)."""
+        """The cached copy if it is fresh enough for a store holding `vector`, else a new
+        one (blocking: call from a worker thread; callers serialise, so concurrent
+        requests share one copy)."""
         with self._lock:
             held = self._file
-        if held is not None and held.vector == vector and held.path.exists():
+        if held is not None and self.fresh(held, vector) and held.path.exists():
             return held
         made = make_copy(self.db_path, self.replica_id)
         with self._lock:
@@ -73,6 +85,18 @@ class SnapshotCache:
             with contextlib.suppress(OSError):
                 old.path.unlink()
         return made
+
+    def fresh(self, held: SnapshotFile, vector: Mapping[str, int]) -> bool:
+        """Whether `held` is a prefix of a store holding `vector`, at most `stale_ops`
+        ops behind it (counted by vector, so an upstream origin's gaps count too) and at
+        most `stale_s` old."""
+        behind = 0
+        for origin in held.vector.keys() | vector.keys():
+            ours, now = held.vector.get(origin, 0), vector.get(origin, 0)
+            if now < ours:
+                return False  # not a prefix of the store any more
+            behind += now - ours
+        return behind <= self.stale_ops and time.monotonic() - held.made_at <= self.stale_s
 
     def close(self) -> None:
         with self._lock:
