@@ -68,6 +68,15 @@ def peer() -> Iterator[Peer]:
         p.stop()
 
 
+@pytest.fixture
+def peer_without_bigint() -> Iterator[Peer]:
+    p = Peer("--no-bigint")
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
 def logsync(*args: str, palace: Path | None = None, ok=(0,)) -> subprocess.CompletedProcess:
     pre = ["--palace", str(palace)] if palace else []
     done = subprocess.run(LOGSYNC + pre + list(args), capture_output=True, text=True,
@@ -81,13 +90,23 @@ def conformance(p: Peer) -> tuple[int, dict]:
     return done.returncode, json.loads(done.stdout)
 
 
-def test_the_clean_room_peer_passes_conformance(peer: Peer) -> None:
-    code, report = conformance(peer)
+def test_the_clean_room_peer_passes_conformance(peer_without_bigint: Peer) -> None:
+    code, report = conformance(peer_without_bigint)
     verdicts = {s["section"]: s["verdict"] for s in report["sections"]}
     failed = [c for s in report["sections"] for c in s["checks"] if c["verdict"] == "fail"]
     assert code == 0 and report["exit_code"] == 0, failed
     assert set(verdicts.values()) <= {"pass", "n/a"}, verdicts
     assert all(verdicts.get(s) == "pass" for s in IMPLEMENTED), verdicts
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "logsync conformance fails §8 msgpack-same-events when a page falls back to JSON, "
+    "which RFC 004 §8 item 3 requires for an integer beyond 64 bits (a real logsync serve "
+    "holding the same ops fails it too)"))
+def test_a_metadata_integer_beyond_64_bits_passes_conformance(peer: Peer) -> None:
+    code, report = conformance(peer)
+    failed = [c for s in report["sections"] for c in s["checks"] if c["verdict"] == "fail"]
+    assert code == 0, failed
 
 
 def test_a_planted_wrong_prev_fails_conformance() -> None:

@@ -125,7 +125,8 @@ class Origin:
 class Store:
     """Authors `n_ops` valid ops over three origins from `seed` (§4.1, §4.2, §5, §6.2)."""
 
-    def __init__(self, n_ops: int, seed: int, signed: bool = True):
+    def __init__(self, n_ops: int, seed: int, signed: bool = True, bigint: bool = True):
+        self.bigint = bigint
         rng = random.Random(seed)
         keys = [Ed25519PrivateKey.from_private_bytes(
                     hashlib.sha256(f"clean-room-{seed}-{i}".encode()).digest())
@@ -178,14 +179,28 @@ class Store:
                            {"ack_of": f"evt_x{n}", "é": "naïve"}))
         body = rng.choice(("", f"Please fix {n}.", "quote \" back\\slash \t tab \x01 ctl 🙂",
                            "line\n" * 40, "large body ü " * rng.randrange(1, 4000)))
+        deep: dict = {}
+        for _ in range(63):  # 64 levels counting the outer object (§4.1; how to count is a guess)
+            deep = {"d": deep}
+        edge = {  # boundary values of §4.1/§4.2, each once
+            3: {"metadata": {"huge": 2**70 if self.bigint else 2**63 - 1, "tiny": 1e-05}},
+            4: {"from_agent": "\U0001d11e" * 256},
+            5: {"body": "\x7f\u2028 \\u0000-lookalike", "topic": " padded label "},
+            6: {"metadata": deep},
+            7: {"metadata": {"pad": "x" * (65536 - 11)}},
+            8: {"body": "\u00e9" * 131072},
+        }.get(n, {})
+        meta = edge.get("metadata", meta)
+        body = edge.get("body", body)
         op = {
             "id": f"evt_{when[:4]}{when[5:7]}{when[8:10]}T{when[11:13]}{when[14:16]}{when[17:19]}_"
                   + hashlib.sha256(f"{origin.id}{seq}".encode()).hexdigest()[:12],
             "seq": n, "origin_replica": origin.id, "origin_seq": seq, "hlc": hlc,
             "type": rng.choice(("task.request", "task.result", "note", "event.ack")),
             "stream": rng.choice(("build", "project/x", "café/ü")), "room": "ci",
-            "topic": rng.choice((None, "release 1.2")),
-            "from_agent": rng.choice(("pi@laptop", "codex@build-box", "名前@デバイス")),
+            "topic": edge.get("topic") or rng.choice((None, "release 1.2")),
+            "from_agent": edge.get("from_agent")
+            or rng.choice(("pi@laptop", "codex@build-box", "名前@デバイス")),
             "to_agent": rng.choice((None, "pi@laptop", "*")),
             "correlation_id": rng.choice((None, f"fix-{n % 17}")),
             "branch": rng.choice((None, "main")), "base_commit": rng.choice((None, "abc123")),
@@ -537,11 +552,13 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--max-page-bytes", type=int, default=8 * 1024 * 1024)
     p.add_argument("--unsigned", action="store_true")
+    p.add_argument("--no-bigint", action="store_true",
+                   help="author no metadata integer beyond 64 bits (msgpack can encode all)")
     p.add_argument("--plant", choices=("prev",), help="serve a planted defect (tests only)")
     a = p.parse_args(argv)
     if not 4096 <= a.max_page_bytes <= 32 * 1024 * 1024:
         p.error(f"--max-page-bytes {a.max_page_bytes} is outside 4096..33554432 (§8.1)")
-    store = Store(a.ops, a.seed, signed=not a.unsigned)
+    store = Store(a.ops, a.seed, signed=not a.unsigned, bigint=not a.no_bigint)
     store.plant = a.plant
     server = Server(("127.0.0.1", a.port), store, a.token, a.max_page_bytes)
     print(json.dumps({"port": server.server_address[1], "replica_id": store.replica_id,
