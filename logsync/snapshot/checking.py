@@ -57,13 +57,24 @@ def _indexes(conn: sqlite3.Connection) -> set[str]:
         "SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_%'")}
 
 
-def check_readonly(path: Path, vector: Mapping[str, int], own_id: str) -> None:
-    """The checks that need no write: integrity, schema, local rows, vector, own origin."""
+def check_integrity(path: Path) -> None:
+    """SQLite's own check of every page, row and index (C code, off the GIL: it runs
+    beside the audit)."""
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
     try:
         verdict = conn.execute("PRAGMA integrity_check(1)").fetchone()[0]
         if verdict != "ok":
             raise SnapshotRefused(f"it fails SQLite's integrity check ({str(verdict)[:120]})")
+    except sqlite3.DatabaseError as exc:
+        raise SnapshotRefused(f"it is not a readable SQLite store ({exc})") from None
+    finally:
+        conn.close()
+
+
+def check_readonly(path: Path, vector: Mapping[str, int], own_id: str) -> None:
+    """The quick checks that need no write: schema, local rows, vector, own origin."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+    try:
         _check_schema(conn)
         for table in LOCAL_ONLY_TABLES[:2]:
             if conn.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone():

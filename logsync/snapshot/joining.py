@@ -22,6 +22,7 @@ import sqlite3
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ import anyio
 from logsync.errors import LogsyncError, PeerError
 from logsync.model import utc_now_iso
 from logsync.snapshot import JOIN_PREFIX, SnapshotRefused
-from logsync.snapshot.checking import audit, check_readonly, prepare
+from logsync.snapshot.checking import audit, check_integrity, check_readonly, prepare
 from logsync.snapshot.download import download_snapshot
 from logsync.snapshot.making import remove_stale
 from logsync.store import Store
@@ -162,7 +163,18 @@ def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], 
     check_readonly(candidate, preamble["vector"], own_id)
     prepare(candidate, own_id, own_key, preamble["replica_id"], utc_now_iso(int(time.time()
                                                                                 * 1000)))
-    held = audit(candidate)
+    # SQLite's integrity check (C, no GIL) on the other core while the audit recomputes
+    # the chains; both must pass before anything is installed
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-check") as pool:
+        integrity = pool.submit(check_integrity, candidate)
+        try:
+            held = audit(candidate)
+        except SnapshotRefused:
+            if integrity.exception() is not None:  # a damaged file: SQLite's words first
+                raise integrity.exception() from None  # type: ignore[misc]
+            raise
+        if integrity.exception() is not None:
+            raise integrity.exception()  # type: ignore[misc]
     _fsync(candidate)
     install(candidate, palace / DB_FILENAME)
     return held
