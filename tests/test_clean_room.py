@@ -121,6 +121,33 @@ def test_a_planted_wrong_prev_fails_conformance() -> None:
     assert code == 1 and "§7.4" in failed, report
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "logsync conformance checks neither chain.sigs nor tip_sigs against the advertised keys "
+    "(§10.3, §12.2), and checks tips only on an origin it walked to its top (§8 item 6)"))
+@pytest.mark.parametrize("plant", ["sigs", "tips"])
+def test_conformance_finds_planted_signature_and_tip_defects(plant: str) -> None:
+    p = Peer("--plant", plant, "--no-bigint")
+    try:
+        code, _ = conformance(p)
+    finally:
+        p.stop()
+    assert code == 1
+
+
+def test_a_planted_bad_signature_is_refused_by_sync(tmp_path: Path) -> None:
+    """The sync assertions can fail: wrong signatures stop both signed origins."""
+    p = Peer("--plant", "sigs")
+    try:
+        logsync("init", str(tmp_path / "p"))
+        [report] = json.loads(logsync("sync", "--peer", p.url, "--token", p.token,
+                                      "--pull-only", "--json", palace=tmp_path / "p").stdout)
+    finally:
+        p.stop()
+    stops = [d["stop_reason"] for d in report["per_origin_detail"].values()]
+    assert report["quarantined"] == 2 and report["pulled_events"] < OPS, report
+    assert stops.count("store stopped this origin: bad_signature") == 2, stops
+
+
 def all_events(palace: Path) -> list[dict]:
     """Every event of the palace in local order, through `logsync list` (500 a call)."""
     events: list[dict] = []

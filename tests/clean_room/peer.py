@@ -233,8 +233,10 @@ class Store:
                     "extensions": (["msgpack"] if msgpack else [])
                     + ["large_pages", "inline_artifacts", "chain"],
                     "max_page": MAX_PAGE, "max_page_bytes": max_page_bytes,
-                    "tips": {i: [o.seqs[-1], o.digests[-1].hex()] for i, o in held.items()},
-                    "tip_sigs": {i: o.sigs[-1] for i, o in held.items() if o.sigs[-1]},
+                    "tips": {i: [o.seqs[-1], self._planted("tips", o.digests[-1].hex())]
+                             for i, o in held.items()},
+                    "tip_sigs": {i: self._planted("sigs", o.sigs[-1])
+                                 for i, o in held.items() if o.sigs[-1]},
                     "keys": {i: o.public for i, o in held.items() if o.public}}}
 
     def page(self, origin_id: str, after: int, limit: int, ext: set, budget: int) -> dict:
@@ -248,7 +250,7 @@ class Store:
         else:
             start = bisect.bisect_right(origin.seqs, after)
             end = min(len(origin.seqs), start + limit)
-        if large and end > start:
+        if large and end > start and self.plant != "budget":
             size = len(json.dumps(answer, ensure_ascii=False)) + 400  # chain + artifacts keys
             stop = start
             while stop < end:
@@ -263,11 +265,10 @@ class Store:
         if "inline_artifacts" in ext:
             answer["artifacts"] = []
         if "chain" in ext:
-            sigs = [[origin.seqs[i], origin.sigs[i]] for i in range(start, end)
+            sigs = [[origin.seqs[i], self._planted("sigs", origin.sigs[i])]
+                    for i in range(start, end)
                     if origin.sigs[i] and (origin.seqs[i] % 64 == 0 or i == end - 1)]
-            prev = origin.digest_at(after) if ops else None
-            if prev and self.plant == "prev":  # a planted defect, for the test of the test
-                prev = ("1" if prev[0] == "0" else "0") + prev[1:]
+            prev = self._planted("prev", origin.digest_at(after)) if ops else None
             answer["chain"] = {"prev": prev, "sigs": sigs}
         if "inline_artifacts" in ext:
             names = sorted({a for op in ops for a in op["artifact_ids"]})
@@ -279,6 +280,12 @@ class Store:
                     answer["artifacts"].append(art)
                     size += grow
         return answer
+
+    def _planted(self, what: str, hex_value: str) -> str:
+        """A planted defect (tests of the tests): the first hex digit changed."""
+        if self.plant != what:
+            return hex_value
+        return ("1" if hex_value[0] == "0" else "0") + hex_value[1:]
 
     def digests(self, origin_id: str, ats: list[int]) -> dict:
         origin = self.origins.get(origin_id) or Origin(origin_id)
@@ -554,7 +561,8 @@ def main(argv=None) -> int:
     p.add_argument("--unsigned", action="store_true")
     p.add_argument("--no-bigint", action="store_true",
                    help="author no metadata integer beyond 64 bits (msgpack can encode all)")
-    p.add_argument("--plant", choices=("prev",), help="serve a planted defect (tests only)")
+    p.add_argument("--plant", choices=("prev", "tips", "sigs", "budget"),
+                   help="serve a planted defect (tests of the tests only)")
     a = p.parse_args(argv)
     if not 4096 <= a.max_page_bytes <= 32 * 1024 * 1024:
         p.error(f"--max-page-bytes {a.max_page_bytes} is outside 4096..33554432 (§8.1)")
