@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clean_room.peer import Store
+from tests.clean_room.authoring import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGSYNC = [str(Path(sys.executable).with_name("logsync"))]
