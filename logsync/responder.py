@@ -15,6 +15,7 @@ extensions, an upstream MemPalace 3.11 hub (no advertisement, pages of at most
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -245,16 +246,25 @@ def _artifact(store: Any, params: Mapping[str, Any]) -> Answer:
 
 
 def int_param(params: Mapping[str, Any], name: str, default: int) -> int:
-    """An integer query value; absent or empty means `default` (as upstream)."""
+    """An integer query value: ASCII decimal digits, optionally after `-` (so a negative
+    value gets its own sentence); absent or empty means `default` (as upstream). Python's
+    `int` would also take `+5`, ` 5`, `1_0` and non-ASCII digits: a second implementation
+    must not have to guess that (RFC 004 §7.2)."""
     raw = params.get(name)
     if raw is None or raw == "":
         return default
     if isinstance(raw, int) and not isinstance(raw, bool):
         return raw
+    text = str(raw)
+    if not _DECIMAL.fullmatch(text):
+        raise ValidationError(f"{name}={shorten(raw)} is not an integer")
     try:
-        return int(str(raw))
-    except ValueError:  # also a value beyond Python's int-from-text digit limit
+        return int(text)
+    except ValueError:  # a value beyond Python's int-from-text digit limit
         raise ValidationError(f"{name}={shorten(raw)} is not an integer") from None
+
+
+_DECIMAL = re.compile(r"-?[0-9]+")
 
 
 def extensions_asked(params: Mapping[str, Any], profile: Profile) -> set[str]:

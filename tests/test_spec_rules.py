@@ -169,3 +169,22 @@ def test_a_duplicate_is_skipped_before_its_missing_artifact_is_asked_for(
     store.apply_remote([op], [art])
     result = store.apply_remote([op])
     assert (result.duplicates, result.quarantined, result.conflicts) == (1, 0, 0)
+
+
+# ── §7.2 integers on the wire ────────────────────────────────────────
+
+
+@pytest.mark.parametrize("raw", ["+5", " 5", "5 ", "1_0", "\uff11\uff10", "0x10", "1e3", "٣"])
+def test_after_and_limit_are_ascii_decimal_digits_only(store: Store, raw: str) -> None:
+    """RFC 004 §7.2: `after` and `limit` are ASCII decimal digits (a leading `-` is read
+    only to say the value must not be negative); what Python's `int` also takes is 400."""
+    from logsync.responder import LOGSYNC_SERVER, answer
+    for name in ("after", "limit"):
+        status, body = answer(store, "/sync/ops", {"origin": store.replica_id, name: raw},
+                              profile=LOGSYNC_SERVER)
+        assert status == 400 and body["reason"].endswith("is not an integer"), (name, body)
+    assert answer(store, "/sync/ops", {"origin": store.replica_id, "after": "05"},
+                  profile=LOGSYNC_SERVER)[0] == 200
+    status, body = answer(store, "/sync/ops", {"origin": store.replica_id, "after": "-1"},
+                          profile=LOGSYNC_SERVER)
+    assert status == 400 and "must be a non-negative integer" in body["reason"]
