@@ -25,6 +25,7 @@ NO_BUDGET = "no_budget"  # §8: advertises a small max_page_bytes, serves full p
 UPSTREAM_ERRORS = "upstream_errors"  # §11: {"error": sentence} while advertising logsync
 WRONG_DIGEST = "wrong_digest"  # §7.4: /sync/digests gives another chain
 TAMPERED_ARTIFACT = "tampered_artifact"  # §7.3: content that no longer hashes to its sha256
+NO_STREAM = "no_stream"  # §7.7: no change stream at all (404): allowed, the check is n/a
 SMALL_BUDGET = 2048
 
 
@@ -37,6 +38,13 @@ class DeviantPeer:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
+        if self.deviation == NO_STREAM and path == "/logstream/stream":
+            body = b'{"error": "not_found", "reason": "no change stream here"}'
+            await send({"type": "http.response.start", "status": 404, "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
         if scope["type"] != "http" or not path.startswith("/sync/") or path == "/sync/snapshot":
             await self.app(scope, receive, send)
             return

@@ -32,6 +32,7 @@ from logsync.store import Store
 from tests.conftest import RemoteKit
 from tests.deviant_peer import (
     NO_BUDGET,
+    NO_STREAM,
     OFF_BY_ONE,
     REVERSED,
     TAMPERED_ARTIFACT,
@@ -137,6 +138,15 @@ def test_a_small_page_byte_budget_bounds_the_whole_answer(served) -> None:
     assert checks[("§8.1", "page-byte-budget")].verdict == PASS, report.lines()
     assert not [o for o in report.failures() if o.section in ("§7.2", "§8", "§8.1")], \
         report.lines()
+
+
+def test_a_peer_without_a_change_stream_conforms_with_the_stream_not_applicable(
+        served) -> None:
+    """RFC 004 §7.7: a peer SHOULD serve the stream; one that answers 404 is not failed."""
+    report = run_conformance(served(NO_STREAM), TOKEN)
+    verdicts = {(o.section, o.check): o.verdict for o in report.outcomes}
+    assert report.exit_code() == 0, report.lines()
+    assert verdicts[("§7.7", "stream-opens")] == "n/a"
 
 
 @pytest.mark.parametrize(("deviation", "caught"), [

@@ -11,6 +11,7 @@ from logsync.chain import canonical_op, chain_digests, chain_start
 from logsync.conformance.context import WALK_LIMIT, Run, status_problem
 from logsync.conformance.reads import check_page, ops
 from logsync.errors import PeerProtocolError, shorten
+from logsync.keys import verify_digest
 from logsync.responder import MAX_PAGE_BYTES_CEILING
 from logsync.wire import (
     ADVERTISED_MAX_PAGE,
@@ -37,7 +38,8 @@ def check_extensions(run: Run) -> None:
                       nothing)
     run.unobserved_na("§8.1", ("page-byte-budget",), nothing)
     run.unobserved_na("§7.4", ("digests-match", "page-prev"), nothing)
-    run.unobserved_na("§7.4", ("tips-match",), "no origin was walked to its top")
+    run.unobserved_na("§7.4", ("tips-match",), "no tip could be read")
+    run.unobserved_na("§12", ("signatures-verify",), nothing)
 
 
 def _unknown_ignored(run: Run, origin: str) -> None:
@@ -99,6 +101,7 @@ def _chain(run: Run, origins: list[str]) -> None:
     if not run.advertises(EXT_CHAIN):
         for check in ("digests-match", "page-prev", "tips-match"):
             run.report.not_applicable("§7.4", check, "chain not advertised")
+        run.report.not_applicable("§12", "signatures-verify", "chain not advertised")
         return
     for origin in origins:
         digests = computed_chain(run, origin)
@@ -108,6 +111,7 @@ def _chain(run: Run, origins: list[str]) -> None:
         _digests_match(run, origin, digests, seqs)
         _page_prev(run, origin, digests, seqs)
         _tip(run, origin, digests)
+        _signatures(run, origin, digests)
 
 
 def computed_chain(run: Run, origin: str) -> dict[int, bytes]:
@@ -172,16 +176,71 @@ def _page_prev(run: Run, origin: str, digests: dict[int, bytes], seqs: list[int]
 
 
 def _tip(run: Run, origin: str, digests: dict[int, bytes]) -> None:
-    """The advertised tip of an origin walked to its top is `[top, D(top)]`."""
+    """The advertised tip is `[top, D(top)]`: D(top) as computed when the walk reached
+    the top, else as the peer's own `/sync/digests` gives it (one request)."""
     top = run.vector.vector[origin]
-    if not run.complete.get(origin) or top not in digests:
-        return
     tip: Any = run.vector.tips.get(origin)
     tips = (run.advert or {}).get("tips")
     raw = tips.get(origin) if isinstance(tips, dict) else tips
-    run.tally.check("§7.4", "tips-match", None if tip == (top, digests[top]) else
+    expected = digests.get(top) if top in digests else tip_digest(run, origin, top)
+    if expected is None:
+        return
+    run.tally.check("§7.4", "tips-match", None if tip == (top, expected) else
                     f"logsync.tips[{origin}] is {shorten(raw)}; expected [{top}, "
-                    f"{_hex(digests[top])}]")
+                    f"{_hex(expected)}]")
+
+
+def tip_digest(run: Run, origin: str, top: int) -> bytes | None:
+    """`D(top)` as the peer's `/sync/digests` answers it, or None (that check names a
+    failure of the route)."""
+    reply = run.probe.get(DIGESTS_PATH, {"origin": origin, "at": str(top)})
+    if status_problem(reply, DIGESTS_PATH) is not None:
+        return None
+    try:
+        return parse_digests_answer(reply.data, run.label, origin, [top])[0]
+    except PeerProtocolError:
+        return None
+
+
+def _signatures(run: Run, origin: str, digests: dict[int, bytes]) -> None:
+    """§10.3, §12.2: for an origin whose key is advertised, every signature a page
+    carries and its `tip_sigs` entry verify over the chain computed here (the tip's
+    over the peer's own D(top) when the walk did not reach it)."""
+    key = run.vector.keys.get(origin)
+    if key is None:
+        run.report.not_applicable("§12", "signatures-verify", f"no key advertised for {origin}")
+        return
+    seqs = sorted(s for s in digests if s)
+    if not seqs:
+        return
+    reply = ops(run, origin, 0, len(seqs), **{EXTENSIONS_PARAM: EXT_CHAIN})
+    if check_page(run, reply, origin, 0, len(seqs), "page-order-and-after",
+                  chain_asked=True) is None:
+        return
+    chain = reply.data.get("chain")
+    sigs = chain.get("sigs") if isinstance(chain, dict) else None
+    problem = None
+    for entry in sigs if isinstance(sigs, list) else []:
+        seq, sig = (entry + [None, None])[:2] if isinstance(entry, list) else (None, None)
+        if type(seq) is int and seq in digests and not verify_digest(
+                key, digests[seq], _unhex(sig)):
+            problem = (f"/sync/ops?origin={origin}&ext=chain carries a signature at seq {seq} "
+                       "that does not verify over the chain of the served ops")
+            break
+    top = run.vector.vector[origin]
+    signed_tip = run.vector.tip_sigs.get(origin)
+    if problem is None and signed_tip is not None:
+        at_top = digests.get(top) if top in digests else tip_digest(run, origin, top)
+        if at_top is not None and not verify_digest(key, at_top, signed_tip):
+            problem = f"logsync.tip_sigs[{origin}] does not verify over D({top})"
+    run.tally.check("§12", "signatures-verify", problem)
+
+
+def _unhex(value: Any) -> bytes | None:
+    try:
+        return bytes.fromhex(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
 
 
 def _hex(digest: bytes | None) -> str:

@@ -147,10 +147,13 @@ def check_snapshot(run: Run) -> None:
 
 
 def check_stream(run: Run) -> None:
-    """§7.7: `/logstream/stream` opens as an event stream (headers only: it never ends)."""
+    """§7.7: `/logstream/stream`, where served, opens as an event stream (headers only:
+    it never ends). A peer SHOULD serve it; a puller copes without it, so a 404 is n/a."""
     reply = run.probe.head_only("/logstream/stream")
     ctype = reply.ctype
-    if reply.status == 200 and ctype == "text/event-stream":
+    if reply.status == 404:
+        run.report.not_applicable("§7.7", "stream-opens", "no change stream served (404)")
+    elif reply.status == 200 and ctype == "text/event-stream":
         run.report.passed("§7.7", "stream-opens")
     else:
         run.report.failed("§7.7", "stream-opens", f"/logstream/stream answered HTTP "
