@@ -140,13 +140,15 @@ def test_a_planted_bad_signature_is_refused_by_sync(tmp_path: Path) -> None:
     p = Peer("--plant", "sigs")
     try:
         logsync("init", str(tmp_path / "p"))
-        [report] = json.loads(logsync("sync", "--peer", p.url, "--token", p.token,
-                                      "--pull-only", "--json", palace=tmp_path / "p").stdout)
+        done = logsync("sync", "--peer", p.url, "--token", p.token, "--pull-only", "--json",
+                       palace=tmp_path / "p", ok=(1,))  # stopped origins: exit 1
+        [report] = json.loads(done.stdout)
     finally:
         p.stop()
     stops = [d["stop_reason"] for d in report["per_origin_detail"].values()]
     assert report["quarantined"] == 2 and report["pulled_events"] < OPS, report
     assert stops.count("store stopped this origin: bad_signature") == 2, stops
+    assert len(report["stopped_origins"]) == 2, report
 
 
 def all_events(palace: Path) -> list[dict]:

@@ -84,7 +84,8 @@ Examples:
   logsync sync --peer https://desk:8742 --token T   # one peer, both ways
   logsync sync --peer http://hub:8742 --pull-only  # a MemPalace hub: pull only
 
-Exit status: 0 every peer done both ways, 1 a peer or an origin failed.""")
+Exit status: 0 every peer done both ways, 1 a peer or an origin failed, or an origin was
+stopped by an op held in quarantine (`logsync quarantine` shows it).""")
 @click.option("--peer", "peer_url", help="Sync with this URL instead of every configured peer.")
 @click.option("--token", envvar="LOGSYNC_PEER_TOKEN", help="Bearer token for --peer "
               "(env LOGSYNC_PEER_TOKEN).")
@@ -146,7 +147,8 @@ def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str
 
 def _failed(stats: dict[str, Any]) -> bool:
     push = stats.get("push") or {}
-    return bool("error" in stats or stats.get("failed_origins") or "error" in push
+    return bool("error" in stats or stats.get("failed_origins") or stats.get("stopped_origins")
+                or "error" in push
                 or any(r.startswith("failed") for r in push.get("stopped", {}).values()))
 
 
@@ -190,6 +192,7 @@ def _sync_one(store: Store, peer: peers_mod.Peer, ca_file: str | None, timeout: 
         stats |= {**done.as_upstream_stats(peers_mod.redact_url(peer.url)), "peer_name": label,
                   "failed_origins": {o: _unnamed(label, r.removeprefix("failed: "))
                                      for o, r in done.failed_origins().items()},
+                  "stopped_origins": done.stopped_origins(),
                   "conflicts": done.conflicts, "quarantined": done.quarantined,
                   "per_origin_detail": {o: p.as_dict() for o, p in done.origins.items()}}
     if push and not isinstance(done, Exception):
@@ -249,6 +252,9 @@ def _print_result(result: dict[str, Any]) -> None:
                            f"+{detail.get('artifacts', 0)} artifacts")
         for origin, reason in sorted(stats["failed_origins"].items()):
             click.echo(f"  {name}: origin {origin} FAILED: {reason}", err=True)
+        for origin, reason in sorted(stats.get("stopped_origins", {}).items()):
+            click.echo(f"  {name}: origin {origin} STOPPED: {reason} (held in quarantine: "
+                       "logsync quarantine)", err=True)
     _print_push(name, stats.get("push"))
 
 
