@@ -51,6 +51,7 @@ EXTENSIONS = (EXT_MSGPACK, EXT_LARGE_PAGES, EXT_INLINE_ARTIFACTS, EXT_NOTIFY, EX
 DEFAULT_MAX_PAGE_BYTES = 8 * 1024 * 1024
 # the most a server may advertise: half what a puller must take (`client.MAX_RESPONSE_BYTES`)
 MAX_PAGE_BYTES_CEILING = 32 * 1024 * 1024
+MIN_PAGE_BYTES = 1024  # an empty page with its envelope and chain `prev` always fits
 DEFAULT_INLINE_ARTIFACT_BYTES = 32 * 1024 * 1024
 EVENT_OVERHEAD_BYTES = 2  # ", " between events in the JSON array
 # The page's JSON around its events and artifacts (keys, count, brackets, the origin id)
@@ -58,6 +59,8 @@ EVENT_OVERHEAD_BYTES = 2  # ", " between events in the JSON array
 PAGE_ENVELOPE_BYTES = 512
 CHAIN_SIG_BYTES = 160
 CHAIN_PREV_BYTES = 96
+MIN_EVENT_BYTES = 200  # no valid event's JSON is shorter (19 keys, an id, hlc, origin...)
+PUSH_KEY_BYTES = 256  # a pushed page's `logsync.keys` entry and its `after` and `from`
 PAGE_READ_BATCH = 100  # a budgeted page is read in batches this size, so it stops early
 SYNC_ROUTES = ("/sync/version_vector", "/sync/ops", "/sync/artifact", DIGESTS_PATH)
 
@@ -167,7 +170,8 @@ def _ops(store: Any, params: Mapping[str, Any], profile: Profile) -> dict[str, A
     chained = EXT_CHAIN in asked
     # what the page may spend on events and artifacts: the whole answer stays within
     # `max_page_bytes` (RFC 004 §8.1), its envelope and chain counted at their bound
-    room = profile.max_page_bytes - PAGE_ENVELOPE_BYTES - (chain_bound(limit) if chained else 0)
+    usable = profile.max_page_bytes - PAGE_ENVELOPE_BYTES
+    room = usable - (chain_bound(limit, usable) if chained else 0)
     if large:  # negotiated: the page stops at the byte budget (always at least one event)
         events, spent = budget_page(store, origin, after, limit, cap, room)
     else:  # an upstream client gets exactly upstream's page
@@ -185,9 +189,12 @@ def _ops(store: Any, params: Mapping[str, Any], profile: Profile) -> dict[str, A
     return body
 
 
-def chain_bound(limit: int) -> int:
-    """The most bytes a page of `limit` events spends on its `chain`: `prev` and a
-    signature at each checkpoint and at the last op."""
+def chain_bound(limit: int, budget: int | None = None) -> int:
+    """The most bytes a page of `limit` events (and, given a byte `budget`, of as many as
+    fit in it) spends on its `chain`: `prev` and a signature at each checkpoint and at
+    the last op."""
+    if budget is not None:
+        limit = min(limit, max(budget, 0) // MIN_EVENT_BYTES + 1)
     return CHAIN_PREV_BYTES + (limit // CHECKPOINT + 2) * CHAIN_SIG_BYTES
 
 
@@ -355,9 +362,12 @@ def push_page(store: Any, origin: str, after: int, limit: int, max_bytes: int,
     """Our page of `origin` above `after` as `/sync/ops` serves it with `chain` and
     inline artifacts (one rule for both directions), plus `after` and `from`, encoded."""
     cap = min(limit, LARGE_PAGE_CEILING)
-    events, _ = budget_page(store, origin, after, cap, LARGE_PAGE_CEILING, max_bytes)
+    # room as `_ops` counts it, less the key the page carries (64 hex and its keys)
+    usable = max_bytes - PAGE_ENVELOPE_BYTES - PUSH_KEY_BYTES
+    room = usable - chain_bound(cap, usable)
+    events, _ = budget_page(store, origin, after, cap, LARGE_PAGE_CEILING, room)
     chain = _page_chain(store, origin, after, events)  # may cut the page at a signed op
-    artifacts = page_artifacts(store, events, max_bytes)
+    artifacts = page_artifacts(store, events, room - sum(map(event_size, events)))
     named = {a for event in events for a in event.get("artifact_ids") or []}
     held = len(store.get_artifacts(named)) if named else 0
     key = store.public_keys().get(origin) if events else None

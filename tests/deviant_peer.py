@@ -103,7 +103,8 @@ def _one_lower(query: bytes) -> bytes:
 def hostile_peer(kind: str) -> Iterator[str]:
     """A loopback peer that answers every request with `kind`: "garbage" (200 with bytes
     that are not JSON), "endless" (200 JSON that never ends, fast), "silent" (accepts,
-    never answers) or "drip" (headers, then a byte every 0.2 s). Yields its URL."""
+    never answers), "drip" (headers, then a byte every 0.2 s) or "header_drip" (a head
+that never ends, a byte every 0.2 s). Yields its URL."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
@@ -142,6 +143,12 @@ def _answer(conn: socket.socket, kind: str, stop: threading.Event) -> None:
             body = b"\x00\xffnot json at all {{{"
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            return
+        if kind == "header_drip":  # the head itself never ends: per-read timeouts never trip
+            conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            while not stop.is_set():
+                conn.sendall(b"a")
+                time.sleep(0.2)
             return
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                      b"Connection: close\r\n\r\n")

@@ -280,7 +280,9 @@ def artifact_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
 @settings(max_examples=80, deadline=None)
 @example(after=0, limit=1000, budget=200_000, exts={"chain"})  # many checkpoints
 @example(after=3, limit=1000, budget=150_000, exts={"chain", "inline_artifacts"})
-@given(after=st.integers(0, 900), limit=st.integers(1, 1000), budget=st.integers(1, 300_000),
+@example(after=900, limit=1000, budget=1024, exts={"chain", "inline_artifacts"})  # empty
+@given(after=st.integers(0, 900), limit=st.integers(1, 1000),
+       budget=st.integers(1024, 300_000),
        exts=st.sets(st.sampled_from(["inline_artifacts", "chain"])))
 def test_a_whole_page_stays_within_its_byte_budget(artifact_store: Store, after: int,
                                                    limit: int, budget: int,
@@ -517,11 +519,13 @@ def test_server_simulator_and_fake_peer_answer_alike(tmp_path: Path) -> None:
 
 
 def test_a_server_never_advertises_a_budget_a_puller_cannot_take(store: Store) -> None:
-    """RFC 004 §8.1: `max_page_bytes` is at most 32 MiB, half the 64 MiB a puller takes."""
+    """RFC 004 §8.1: `max_page_bytes` is at most 32 MiB, half the 64 MiB a puller takes,
+    and at least 1024, so an empty page with its envelope and chain fits it too."""
     from logsync.client import MAX_RESPONSE_BYTES
     from logsync.errors import ValidationError as Refused
     from logsync.responder import MAX_PAGE_BYTES_CEILING
     assert MAX_PAGE_BYTES_CEILING * 2 == MAX_RESPONSE_BYTES
     create_app(store, max_page_bytes=MAX_PAGE_BYTES_CEILING)
-    with pytest.raises(Refused, match="max_page_bytes=33554433 must be at most 33554432"):
-        create_app(store, max_page_bytes=MAX_PAGE_BYTES_CEILING + 1)
+    for wrong in (MAX_PAGE_BYTES_CEILING + 1, 1023, 1):
+        with pytest.raises(Refused, match=f"max_page_bytes={wrong} must be from 1024 "):
+            create_app(store, max_page_bytes=wrong)

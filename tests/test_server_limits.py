@@ -294,7 +294,7 @@ def test_large_pages_stop_at_the_byte_budget_and_upstream_pages_do_not(tmp_path:
         assert upstream.content == json_bytes(
             {"origin": store.replica_id, "events": store.list_ops(store.replica_id, 0, 100),
              "count": 12})
-        with LiveApp(store, max_page_bytes=10) as live:
+        with LiveApp(store, max_page_bytes=1024) as live:
             one = httpx.get(live.url + "/sync/ops", headers=AUTH, timeout=5, params={
                 "origin": store.replica_id, "ext": "large_pages", "after": 5}).json()
         assert [e["origin_seq"] for e in one["events"]] == [6] and one["count"] == 1

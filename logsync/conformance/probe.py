@@ -11,6 +11,7 @@ status: the status is what a check looks at.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,8 @@ from logsync.client import MAX_RESPONSE_BYTES, tls_context
 from logsync.conformance import DEFAULT_DEADLINE_S, DEFAULT_MAX_REQUESTS, DEFAULT_TIMEOUT_S
 from logsync.errorcodes import ERRORS_CODED, ERRORS_HEADER
 from logsync.errors import LogsyncError, PeerError
+
+WATCHDOG_GRACE_S = 0.5  # past a request's budget before its client is closed
 
 
 class ProbeError(LogsyncError):
@@ -72,14 +75,17 @@ class Probe:
         self.requests = 0
         self.started = time.monotonic()
         self.ends = self.started + deadline
+        self._ca_file = ca_file
+        self._http = self._client()
+
+    def _client(self) -> httpx.Client:
         headers = {"User-Agent": f"logsync-conformance/{__version__}",
                    "Accept": "application/json", **ACCEPT_ENCODING}
-        self._http = httpx.Client(
+        return httpx.Client(
             base_url=self.url, headers=headers, follow_redirects=False,
-            # a fresh connection per request: no state carried between checks, and on
-            # loopback a reused connection to uvicorn answers ~45 ms late (a fresh one ~1 ms)
+            # a fresh connection per request: no state carried between checks
             limits=httpx.Limits(max_keepalive_connections=0),
-            verify=tls_context(True, ca_file) if self.url.startswith("https:") else False)
+            verify=tls_context(True, self._ca_file) if self.url.startswith("https:") else False)
 
     def __enter__(self) -> Probe:
         return self
@@ -127,16 +133,31 @@ class Probe:
             headers["Content-Type"] = "application/json"
         budget = min(self.timeout, left)
         ends = time.monotonic() + budget
+        # httpx's timeouts are per read: a peer dripping its status line or headers a byte
+        # at a time would never trip them. A watchdog closes the client at the deadline.
+        http, cut = self._http, threading.Event()
+        watchdog = threading.Timer(budget + WATCHDOG_GRACE_S, lambda: (cut.set(), http.close()))
+        watchdog.daemon = True
+        watchdog.start()
         try:
-            with self._http.stream(method, path, params=params, headers=headers, content=content,
-                                   timeout=httpx.Timeout(budget, connect=min(5.0, budget))
-                                   ) as response:
+            with http.stream(method, path, params=params, headers=headers, content=content,
+                             timeout=httpx.Timeout(budget, connect=min(5.0, budget))
+                             ) as response:
                 body = self._read(response, where, ends) if read_body else b""
                 status, ctype, got = (response.status_code,
                                       response.headers.get("content-type", ""), response.headers)
-        except (httpx.HTTPError, httpx.StreamError) as exc:
+        except (httpx.HTTPError, httpx.StreamError, RuntimeError) as exc:
+            if cut.is_set():
+                raise ProbeError(f"{self.label}: {where} did not finish within "
+                                 f"{budget:g} s") from None
+            if isinstance(exc, RuntimeError):
+                raise
             error = translate_transport(exc, f"{self.label}: {where}", self.label)
             raise ProbeError(str(error)) from None
+        finally:
+            watchdog.cancel()
+            if cut.is_set():
+                self._http = self._client()  # the closed one takes no more requests
         data, problem = None, None
         if body:
             try:

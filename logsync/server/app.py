@@ -17,6 +17,7 @@ from logsync.responder import (
     DEFAULT_INLINE_ARTIFACT_BYTES,
     DEFAULT_MAX_PAGE_BYTES,
     MAX_PAGE_BYTES_CEILING,
+    MIN_PAGE_BYTES,
 )
 from logsync.server.common import (
     UPSTREAM_PAGE,
@@ -106,9 +107,10 @@ def create_app(
             f"sse_max_per_client={sse_max_per_client}, sse_send_timeout_s="
             f"{sse_send_timeout_s} and max_page_bytes={max_page_bytes} must be positive"
         )
-    if max_page_bytes > MAX_PAGE_BYTES_CEILING:  # a puller takes answers up to 64 MiB
-        raise ValidationError(f"max_page_bytes={max_page_bytes} must be at most "
-                              f"{MAX_PAGE_BYTES_CEILING} (32 MiB)")
+    if not MIN_PAGE_BYTES <= max_page_bytes <= MAX_PAGE_BYTES_CEILING:
+        raise ValidationError(f"max_page_bytes={max_page_bytes} must be from {MIN_PAGE_BYTES} "
+                              f"(an empty page with its chain) to {MAX_PAGE_BYTES_CEILING} "
+                              "(32 MiB, half what a puller takes)")
     settings = Settings(
         token=token or None,
         peer_state_provider=peer_state_provider,
