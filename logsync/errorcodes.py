@@ -3,7 +3,7 @@ machine-readable code from one table and one human sentence. A client branches o
 status and the code, never on the sentence.
 
 A MemPalace hub answers `{"error": SENTENCE}`, and a server standing in for a hub must
-answer its clients byte for byte as the hub would. So on the routes upstream defines
+answer its clients in the hub's shape (the sentences are ours). So on the routes upstream defines
 (`UPSTREAM_PATHS`) an error keeps upstream's shape unless the request carries
 `Logsync-Errors: codes` (every logsync client sends it); every other route always
 answers with a code. `reason_of` reads both shapes. Pure: no I/O.
@@ -55,8 +55,10 @@ def error_body(status: int, reason: str, code: str | None = None) -> dict[str, s
 
 
 def wants_upstream_shape(path: str, header_value: str | None) -> bool:
-    """Whether an error answer to a request for `path` keeps upstream's shape."""
-    return path in UPSTREAM_PATHS and (header_value or "").strip().lower() != ERRORS_CODED
+    """Whether an error answer to a request for `path` keeps upstream's shape: the header's
+    value is a comma-separated list, matched without case or spaces."""
+    asked = {token.strip().lower() for token in (header_value or "").split(",")}
+    return path in UPSTREAM_PATHS and ERRORS_CODED not in asked
 
 
 def upstream_shape(body: Any) -> Any:

@@ -271,7 +271,7 @@ def int_param(params: Mapping[str, Any], name: str, default: int) -> int:
         raise ValidationError(f"{name}={shorten(raw)} is not an integer") from None
 
 
-_DECIMAL = re.compile(r"-?[0-9]+")
+_DECIMAL = re.compile(r"[0-9]+|-[1-9][0-9]*")  # `-0` is no integer of the wire either
 
 
 def extensions_asked(params: Mapping[str, Any], profile: Profile) -> set[str]:

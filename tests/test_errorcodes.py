@@ -111,3 +111,15 @@ async def test_other_routes_always_answer_a_code_and_a_good_answer_is_untouched(
     coded = await _get(store, "/sync/version_vector", CODED)
     assert plain.status_code == coded.status_code == 200
     assert plain.content == coded.content
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("value", "coded"), [
+    ("codes", True), (" CODES ", True), ("x, codes", True), ("codes,other", True),
+    ("", False), ("code", False), ("nocodes", False)])
+async def test_the_header_value_is_a_list_matched_without_case_or_spaces(
+        store: Store, value: str, coded: bool) -> None:
+    """RFC 004 §11: `Logsync-Errors` holds `codes` among comma-separated values."""
+    answer = await _get(store, "/sync/ops?origin=rep_a&after=-1", {**AUTH, ERRORS_HEADER: value})
+    assert answer.status_code == 400
+    assert (answer.json()["error"] == "bad_request") is coded

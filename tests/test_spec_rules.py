@@ -174,7 +174,8 @@ def test_a_duplicate_is_skipped_before_its_missing_artifact_is_asked_for(
 # ── §7.2 integers on the wire ────────────────────────────────────────
 
 
-@pytest.mark.parametrize("raw", ["+5", " 5", "5 ", "1_0", "\uff11\uff10", "0x10", "1e3", "٣"])
+@pytest.mark.parametrize("raw", ["+5", " 5", "5 ", "1_0", "\uff11\uff10", "0x10", "1e3", "٣",
+                                 "-0", "--1"])
 def test_after_and_limit_are_ascii_decimal_digits_only(store: Store, raw: str) -> None:
     """RFC 004 §7.2: `after` and `limit` are ASCII decimal digits (a leading `-` is read
     only to say the value must not be negative); what Python's `int` also takes is 400."""

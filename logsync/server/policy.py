@@ -55,7 +55,7 @@ FORM_ROUTES = frozenset({"/login", "/logout"})
 def _upstream_errors(send: Send) -> Send:
     """`send`, rewording a coded JSON error answer as a MemPalace hub's `{"error":
     SENTENCE}` (`logsync.errorcodes`): a client of the upstream routes that did not ask
-    for codes gets the hub's bytes. Error answers are one small body; others pass as sent."""
+    for codes gets the hub's shape. Error answers are one small body; others pass as sent."""
     held: dict[str, Any] | None = None
 
     async def reworded(message: dict[str, Any]) -> None:
@@ -263,4 +263,4 @@ async def _bad_input(request: Request, exc: Exception) -> Response:
 
 async def _store_failed(request: Request, exc: Exception) -> Response:
     logger.error("store error on %s: %s", request.url.path, exc)
-    return _error(503, f"the store failed: {exc}", {"Retry-After": "1"})
+    return _error(503, f"the store failed: {exc}", {"Retry-After": str(STORE_RETRY_AFTER_S)})
