@@ -22,7 +22,7 @@ from logsync.store.apply import REFUSED_OWN_TOP_SQL
 from logsync.store.audit import AuditReport, audit_store
 from logsync.store.faults import describe_fault
 from logsync.store.ledgers import check_origin, conflict_filter
-from logsync.store.rows import artifact_dict, chunks, event_dict, ledger_dict
+from logsync.store.rows import artifact_dict, chunks, event_dicts, ledger_dict
 from logsync.store.schema import FILTER_COLUMNS, REVIEWED_COLUMN
 
 DEFAULT_LIST_LIMIT = 50
@@ -295,7 +295,7 @@ class Reads:
 
     def _attach(self, rows: Sequence[sqlite3.Row]) -> list[dict[str, Any]]:
         """Event dicts in upstream key order, artifact_ids sorted."""
-        events = [event_dict(r) for r in rows]
+        events = event_dicts(rows)
         if not events:
             return events
         by_id = {e["id"]: e for e in events}
