@@ -24,6 +24,7 @@ from logsync.server.common import (
     _Server,
     is_loopback_host,
 )
+from logsync.server.opcache import DEFAULT_OP_CACHE_BYTES
 from logsync.server.peermetrics import PeerCollector
 from logsync.server.policy import (
     _allowed_host_values,
@@ -72,6 +73,7 @@ def create_app(
     sse_send_timeout_s: float = 10.0,
     body_timeout_s: float = 10.0,
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
+    op_cache_bytes: int = DEFAULT_OP_CACHE_BYTES,
 ) -> Starlette:
     """Build the ASGI app over a ``Store``, or over ``store_factory``, a zero-argument
     callable that opens one on first use (the app then closes it).
@@ -90,6 +92,8 @@ def create_app(
     that takes no write for ``sse_send_timeout_s``. With ``large_pages`` negotiated,
     ``/sync/ops`` stops before the event that would push the page past ``max_page_bytes``
     of event JSON (always at least one event); upstream requests are unchanged.
+    ``op_cache_bytes`` bounds the encoded ops kept for ``/sync/ops`` answers (0: none;
+    `opcache.py`).
     """
     _check_settings(sse_max_clients, sse_heartbeat_s, sse_poll_s, max_page, max_body_bytes)
     if not body_timeout_s > 0:
@@ -121,6 +125,7 @@ def create_app(
         sse_send_timeout_s=float(sse_send_timeout_s),
         body_timeout_s=float(body_timeout_s),
         max_page_bytes=max_page_bytes,
+        op_cache_bytes=max(0, op_cache_bytes),
     )
     server = _Server(store, store_factory, settings, notifier)
     server.registry.register(PeerCollector(peer_state_provider))

@@ -42,7 +42,7 @@ def event_dicts(rows: Sequence[sqlite3.Row]) -> list[dict[str, Any]]:
     keys = model.EVENT_KEYS
     out = []
     for row in rows:
-        event = dict(zip(keys, pick(row)))
+        event = dict(zip(keys, pick(row), strict=True))
         event["artifact_ids"] = []
         text = event["metadata"]
         event["metadata"] = {} if text == "{}" else stored_metadata(text)
