@@ -361,3 +361,58 @@ def test_clients_that_drip_a_body_or_never_read_an_answer_do_not_hold_request_sl
                 dripper.close()
                 sleeper.close()
             assert httpx.get(live.url + "/healthz", timeout=2).status_code == 200
+
+
+def test_answers_are_sent_without_nagle_on_every_connection() -> None:
+    """An answer's head and body are two writes; with Nagle on, the second waits ~40 ms
+    for the client's delayed ACK on every reused connection. asyncio turns Nagle off
+    only on sockets made with proto IPPROTO_TCP: `listen_socket` names it, and the
+    server's protocol turns it off on whatever socket it is handed."""
+    import asyncio
+
+    from uvicorn.server import ServerState
+
+    def bare() -> socket.socket:  # proto 0: asyncio leaves Nagle on
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        return sock
+
+    async def accepted(sock: socket.socket, guarded: bool) -> int:
+        loop = asyncio.get_running_loop()
+        seen: asyncio.Future[int] = loop.create_future()
+        config = uvicorn.Config(lambda *a: None, **uvicorn_limits())
+        config.load()
+
+        def made(transport: Any) -> None:
+            raw = transport.get_extra_info("socket")
+            seen.set_result(raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+                made(transport)
+                transport.close()
+
+        class Guarded(GuardedH11Protocol):
+            def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+                try:
+                    super().connection_made(transport)
+                    made(transport)
+                except Exception as exc:
+                    seen.set_exception(exc)
+                finally:
+                    transport.close()
+
+        state = ServerState()
+        guard = lambda: Guarded(config=config, server_state=state, app_state={})  # noqa: E731
+        server = await loop.create_server(guard if guarded else Probe, sock=sock)
+        _, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        try:
+            return await asyncio.wait_for(seen, 5)
+        finally:
+            writer.close()
+            server.close()
+
+    assert asyncio.run(accepted(bare(), guarded=False)) == 0  # the trap
+    assert asyncio.run(accepted(bare(), guarded=True)) != 0  # the protocol's own fix
+    assert asyncio.run(accepted(listen_socket("127.0.0.1", 0), guarded=False)) != 0

@@ -20,6 +20,7 @@ loaded into one ``ConfigError`` sentence before anything is printed or served.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import re
@@ -103,6 +104,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        no_delay(transport)
         if len(self.connections) > max_connections():
             logger.warning(
                 "connection refused: %d connections are open, the maximum",
@@ -157,6 +159,15 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
 
+def no_delay(transport: asyncio.BaseTransport) -> None:
+    """Nagle off on a TCP connection, whatever made its socket: an answer's head and body
+    are two writes, and the second must not wait for the client's delayed ACK."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def uvicorn_limits() -> dict[str, Any]:
     """The ``uvicorn.Config`` keywords that bound connections and request heads."""
     return {
@@ -172,7 +183,9 @@ def listen_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket
     """Bind and listen now, so a port in use is one sentence before anything is served."""
     where = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto named: asyncio turns Nagle off only on sockets whose proto is IPPROTO_TCP, and
+    # with Nagle a response written in two parts waits ~40 ms for the client's delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host.strip("[]"), port))
