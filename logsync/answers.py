@@ -73,15 +73,21 @@ def decode_answer(content_type: str, body: bytes | bytearray, where: str, peer: 
     )
 
 
-_MSGPACK_CONTAINER_BYTES = [bytes([b]) for b in (*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF)]
+_MSGPACK_CONTAINER_BYTES = frozenset((*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF))
+# every other byte value: `translate` deletes these and keeps the markers, one pass in C
+_NOT_MSGPACK_CONTAINER = bytes(b for b in range(256) if b not in _MSGPACK_CONTAINER_BYTES)
+_COUNT_CHUNK = 1 << 20  # the kept markers of one chunk are the only copy: at most 1 MiB
 
 
 def count_containers(body: bytes | bytearray, packed: bool) -> int:
     """An upper bound on the arrays and objects a body decodes to, at C speed: `[` and `{`
-    in JSON; in msgpack, every byte that could start an array or a map."""
+    in JSON; in msgpack, every byte that could start an array or a map (counted in one
+    pass per chunk, not one pass per marker: 36 passes cost a quarter of a pull)."""
     if not packed:
         return body.count(b"[") + body.count(b"{")
-    return sum(body.count(marker) for marker in _MSGPACK_CONTAINER_BYTES)
+    view = memoryview(body)
+    return sum(len(bytes(view[i:i + _COUNT_CHUNK]).translate(None, _NOT_MSGPACK_CONTAINER))
+               for i in range(0, len(body), _COUNT_CHUNK))
 
 
 def error_text(body: bytes | bytearray) -> str:

@@ -445,8 +445,9 @@ class _Prefetcher:
         return pending.answer, pending.size
 
     def after(self, request: Request, answer: Any) -> None:
-        """Fetch the next page now when this one came back full (`prefetch_guess`)."""
-        guess = prefetch_guess(request, answer)
+        """Fetch the next page now when this one came back full, or cut short by the
+        peer's byte budget below the origin's target (`prefetch_guess`)."""
+        guess = prefetch_guess(request, answer, past_short=True)
         if guess is None:
             return
         slot = self._pending[request_key(guess)] = _Prefetch()

@@ -290,7 +290,7 @@ def _page_request(progress: OriginProgress, ext: Extensions, limit: int) -> Requ
     asked += [EXT_CHAIN] if ext.chain else []
     if asked:
         params[EXTENSIONS_PARAM] = ",".join(asked)
-    return Request("/sync/ops", params, accept_msgpack=ext.msgpack)
+    return Request("/sync/ops", params, accept_msgpack=ext.msgpack, until=progress.target)
 
 
 def targeted_origin(

@@ -92,21 +92,28 @@ class FetchPolicy:
         return max(1, min(wanted, UPSTREAM_CONCURRENCY // 2) if upstream else wanted)
 
 
-def prefetch_guess(request: Request, answer: Any) -> Request | None:
+def prefetch_guess(request: Request, answer: Any, *, past_short: bool = False
+                   ) -> Request | None:
     """The page after a full `/sync/ops` page, fetched while this one is applied; None
-    when the answer was not a full page. A driver optimisation only: the engine still
-    asks for every page and gets exactly the answer a plain fetch would give."""
+    when the answer was not a full page. `past_short`: also after a page cut short of its
+    limit (a byte budget) that ends below the request's `until` (without it a budgeted
+    pull is strictly serial: fetch, decode, apply, fetch...). A driver optimisation only:
+    the engine still asks for every page and gets exactly the answer a plain fetch would
+    give; a guess it does not ask for is dropped."""
     if request.path != OPS_PATH:
         return None
     events = answer.get("events") if isinstance(answer, dict) else None
     limit = request.params.get("limit")
-    if not isinstance(events, list) or not events or len(events) != limit:
+    if not isinstance(events, list) or not events:
         return None
     last = events[-1].get("origin_seq") if isinstance(events[-1], dict) else None
     if not isinstance(last, int) or isinstance(last, bool):
         return None
+    more = past_short and request.until is not None and last < request.until
+    if len(events) != limit and not more:
+        return None
     return Request(request.path, {**request.params, "after": last},
-                   accept_msgpack=request.accept_msgpack)
+                   accept_msgpack=request.accept_msgpack, until=request.until)
 
 
 def request_key(request: Request) -> tuple[Any, ...]:

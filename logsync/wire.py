@@ -64,13 +64,16 @@ EXTENSIONS_PARAM = "ext"
 class Request:
     """One GET to the peer (a POST of `body`, an object sent as JSON, when it has one).
     `accept_msgpack` maps to `Accept: application/msgpack`; `missing_ok` means a 404 is
-    an answer (None), not an error."""
+    an answer (None), not an error. `until` (a page request's hint, not sent): the
+    origin_seq the round pulls the origin up to, so a driver may fetch on past a page the
+    peer cut short of `limit` (its byte budget) while the origin has more."""
 
     path: str
     params: dict[str, Any] = field(default_factory=dict)
     accept_msgpack: bool = False
     missing_ok: bool = False
     body: Any = None
+    until: int | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -660,3 +660,24 @@ def test_sigkill_during_appends_loses_nothing_that_was_acknowledged(tmp_path: Pa
             assert top >= acknowledged  # durable once append_event returned
             assert held_seqs(store, store.replica_id) == list(range(1, top + 1))
             acknowledged = top
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["rep_a", "rep_b", None]),
+                          st.one_of(st.none(), st.integers(-2, 8), st.text(max_size=1))),
+                max_size=12))
+def test_ops_are_grouped_by_origin_in_seq_then_arrival_order(
+        picks: list[tuple[str | None, Any]]) -> None:
+    """`group_by_origin` returns an in-order page as it came (no sort) and sorts any other:
+    both are the (seq, arrival) order, ops without a usable seq last."""
+    from logsync.store.apply import group_by_origin
+    from logsync.store.ledgers import raw_seq
+
+    ops = [{"origin_replica": o, "origin_seq": s, "n": n} for n, (o, s) in enumerate(picks)]
+    groups = group_by_origin(ops)
+    for key, got in groups.items():
+        members = [op for op in ops if op["origin_replica"] == key] or got
+        expected = sorted(members, key=lambda op: (
+            float("inf") if raw_seq(op) is None else raw_seq(op), op["n"]))
+        assert got == expected
+    assert sorted(op["n"] for group in groups.values() for op in group) == list(range(len(ops)))

@@ -27,6 +27,7 @@ from logsync.errors import (
     PeerRequestError,
     PeerTransientError,
 )
+from logsync.fetchpolicy import prefetch_guess
 from logsync.responder import UPSTREAM_HUB, Profile, answer
 from logsync.store import Store
 from logsync.wire import EXT_MSGPACK
@@ -152,6 +153,45 @@ def test_the_page_after_a_full_page_is_prefetched_once_and_used(pair):
     assert report.applied == 1200
     assert _ops_afters(peer) == [0, 500, 1000]
     assert target.version_vector() == source.version_vector()
+
+
+def test_the_page_after_a_budget_cut_page_is_prefetched_but_never_past_the_target(pair):
+    """A peer with a byte budget cuts pages short of their limit: the next page is still
+    fetched while one is applied (without it a large pull was strictly serial), each
+    page once, and nothing is asked past the origin's top."""
+    source, target = pair
+    fill(source, 1200)
+    profile = Profile(max_page_bytes=40_000)  # a few hundred of these ops per page
+    top_when_asked: list[tuple[int, int]] = []
+    peer = StorePeer(source, profile=profile)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/sync/ops":
+            held = target.version_vector().get(source.replica_id, 0)
+            top_when_asked.append((int(request.url.params["after"]), held))
+        return peer(request)
+
+    report = run_round(target, handler)
+    assert report.applied == 1200
+    afters = [after for after, _ in top_when_asked]
+    assert len(afters) > 3 and afters == sorted(set(afters))  # each page once, in order
+    assert afters[-1] < 1200  # no page asked past the top
+    assert any(held < after for after, held in top_when_asked), "no page was prefetched"
+    assert target.version_vector() == source.version_vector()
+
+
+def test_prefetch_guess_past_a_short_page_only_below_until() -> None:
+    full = {"events": [{"origin_seq": 1}, {"origin_seq": 2}]}
+    short = {"events": [{"origin_seq": 1}]}
+    asked = Request("/sync/ops", {"origin": "o", "after": 0, "limit": 2}, until=5)
+    assert prefetch_guess(asked, full).params["after"] == 2
+    assert prefetch_guess(asked, short) is None  # as before unless asked to go on
+    guess = prefetch_guess(asked, short, past_short=True)
+    assert guess is not None and guess.params["after"] == 1 and guess.until == 5
+    at_top = Request("/sync/ops", {"origin": "o", "after": 0, "limit": 2}, until=1)
+    assert prefetch_guess(at_top, short, past_short=True) is None
+    no_hint = Request("/sync/ops", {"origin": "o", "after": 0, "limit": 2})
+    assert prefetch_guess(no_hint, short, past_short=True) is None
 
 
 def test_a_wrong_guess_is_dropped_and_an_error_in_it_is_never_raised(pair):

@@ -7,11 +7,14 @@ import resource
 import time
 from collections.abc import AsyncIterator
 from typing import Any
+from unittest.mock import patch
 
 import anyio
 import httpx
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from logsync.answers import MAX_CONTAINERS, count_containers
 from logsync.client import PeerClient
@@ -54,6 +57,18 @@ def test_an_honest_large_page_is_under_the_container_bound() -> None:
     page = {"events": [{"metadata": {"a": [1, 2]}, "artifact_ids": []} for _ in range(5000)]}
     for packed, body in ((False, json.dumps(page).encode()), (True, msgpack.packb(page))):
         assert count_containers(body, packed) < MAX_CONTAINERS // 10
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=3000), st.integers(min_value=1, max_value=1024))
+def test_the_msgpack_container_count_is_every_byte_that_can_start_a_container(
+        body: bytes, chunk: int) -> None:
+    """The one-pass count equals the plain per-marker count, across chunk edges too."""
+    markers = [*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF]
+    expected = sum(body.count(bytes([m])) for m in markers)
+    with patch("logsync.answers._COUNT_CHUNK", chunk):
+        assert count_containers(body, True) == expected
+        assert count_containers(bytearray(body), True) == expected
 
 
 def test_decoding_runs_off_the_event_loop() -> None:

@@ -29,6 +29,7 @@ from logsync.server.common import (
     _Server,
     is_loopback_host,
 )
+from logsync.server.opcache import DEFAULT_OP_CACHE_BYTES
 from logsync.server.peermetrics import PeerCollector
 from logsync.server.policy import (
     _allowed_host_values,
@@ -79,6 +80,7 @@ def create_app(
     body_timeout_s: float = 10.0,
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
     snapshot_ahead: bool = True,
+    op_cache_bytes: int = DEFAULT_OP_CACHE_BYTES,
 ) -> Starlette:
     """Build the ASGI app over a ``Store``, or over ``store_factory``, a zero-argument
     callable that opens one on first use (the app then closes it).
@@ -98,6 +100,8 @@ def create_app(
     ``/sync/ops`` stops before the event that would push the page past ``max_page_bytes``
     of event JSON (always at least one event); upstream requests are unchanged.
     ``snapshot_ahead`` makes the snapshot copy as the server starts (`snapshotroute.warm`).
+    ``op_cache_bytes`` bounds the encoded ops kept for ``/sync/ops`` answers (0: none;
+    `opcache.py`).
     """
     _check_settings(sse_max_clients, sse_heartbeat_s, sse_poll_s, max_page, max_body_bytes)
     if not body_timeout_s > 0:
@@ -133,6 +137,7 @@ def create_app(
         sse_send_timeout_s=float(sse_send_timeout_s),
         body_timeout_s=float(body_timeout_s),
         max_page_bytes=max_page_bytes,
+        op_cache_bytes=max(0, op_cache_bytes),
     )
     server = _Server(store, store_factory, settings, notifier)
     server.registry.register(PeerCollector(peer_state_provider))

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from logsync.errorcodes import error_body
 from logsync.pushed import MAX_PUSH_BYTES
 from logsync.responder import DEFAULT_MAX_PAGE_BYTES, EXTENSIONS, Profile, json_bytes
+from logsync.server.opcache import DEFAULT_OP_CACHE_BYTES, OpCache
 from logsync.server.stream import (
     ChangeNotifier,
     _LatestProbe,
@@ -147,6 +148,8 @@ class Settings:
     # A request body must arrive within this: a client dripping one would otherwise hold
     # one of the LIMIT_CONCURRENCY request slots for good (answers: limits.WRITE_STALL_S).
     body_timeout_s: float = 10.0
+    # Encoded ops kept for `/sync/ops` answers (`opcache.py`); 0 keeps none.
+    op_cache_bytes: int = DEFAULT_OP_CACHE_BYTES
 
 
 class ServedStore(Protocol):
@@ -203,6 +206,7 @@ class _Server:
         self._shutdown = False
         self.exit_probe: Callable[[], bool] | None = None
         self._unencodable: set[str] = set()
+        self.op_cache = OpCache(settings.op_cache_bytes)
         self.snapshots: Any = None  # `snapshotroute._State`, made on the first request
         self._crashed_routes: set[str] = set()
         self.started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -238,6 +242,7 @@ class _Server:
         """Close a store this app opened itself; a store handed in belongs to the caller."""
         if self.snapshots is not None:
             self.snapshots.close()  # the cached copy goes at shutdown
+        self.op_cache.clear()
         with self._store_lock:
             if self.owns_store and self._store is not None:
                 self._store.close()

@@ -19,12 +19,16 @@ from logsync.errors import StoreError
 from logsync.peers import redact_url
 from logsync.responder import VectorExtra
 from logsync.server.common import (
+    JSON_TYPE,
+    MSGPACK_TYPE,
     PEER_KEYS,
     _answer,
     _error,
     _json,
     _Server,
+    _wants_msgpack,
 )
+from logsync.server.opcache import JSON, MSGPACK, page_reads
 from logsync.server.pushroute import sync_push
 from logsync.server.snapshotroute import sync_snapshot
 from logsync.server.stream import (
@@ -163,6 +167,37 @@ async def sync_answer(request: Request, extra: VectorExtra | None = None) -> Res
         return _unencodable(srv, path, params, body, exc)
 
 
+async def sync_ops(request: Request) -> Response:
+    """`/sync/ops`: the responder's page, encoded in the worker thread through the server's
+    `OpCache` (the same bytes as `_answer`, ops joined from their held encodings)."""
+    srv = _server(request)
+    path, params = request.url.path, _params(request)
+    encoding = MSGPACK if _wants_msgpack(request) else JSON
+    asked = responder.extensions_asked(params, srv.profile)
+
+    def build(store: Any) -> tuple[int, dict, bytes | None, str | ValueError]:
+        reads = page_reads(store, srv.op_cache, encoding, asked)
+        status, body = responder.answer(reads, path, params, profile=srv.profile)
+        if status != 200:
+            return status, body, None, encoding
+        if encoding == MSGPACK:
+            try:
+                return status, body, srv.op_cache.encode(body, MSGPACK), MSGPACK
+            except (OverflowError, TypeError, ValueError):
+                logger.info("answer not msgpack-encodable (integer out of range); sent JSON")
+        try:
+            return status, body, srv.op_cache.encode(body, JSON), JSON
+        except ValueError as exc:
+            return status, body, None, exc
+
+    status, body, data, how = await srv.run(build)
+    if status != 200:
+        return _json(status, body)  # errors are always JSON
+    if isinstance(how, ValueError):
+        return _unencodable(srv, path, params, body, how)
+    return Response(data, media_type=MSGPACK_TYPE if how == MSGPACK else JSON_TYPE)
+
+
 def _params(request: Request) -> dict[str, str]:
     """The query as the responder reads it: `ext=` may repeat, and an
     `X-Logsync-Extensions` header names extensions too."""
@@ -225,7 +260,7 @@ _ENDPOINTS = {
     "/statusz": statusz,
     "/metrics": metrics,
     "/sync/version_vector": version_vector,
-    "/sync/ops": sync_answer,
+    "/sync/ops": sync_ops,
     "/sync/artifact": sync_answer,
     "/sync/digests": sync_answer,
     PUSH_PATH: sync_push,

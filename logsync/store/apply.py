@@ -33,6 +33,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
+from operator import itemgetter
 from typing import Any
 
 from logsync import hlc as hlc_mod
@@ -417,9 +419,16 @@ def group_by_origin(events: Sequence[Any]) -> dict[str, list[Any]]:
         key = origin if isinstance(origin, str) else f"<no origin: entry {index}>"
         seq = raw_seq(op)
         groups.setdefault(key, []).append((float("inf") if seq is None else seq, index, op))
-    return {
-        k: [op for _, _, op in sorted(v, key=lambda t: (t[0], t[1]))] for k, v in groups.items()
-    }
+    return {k: [op for _, _, op in _by_seq(v)] for k, v in groups.items()}
+
+
+def _by_seq(entries: list[tuple[float, int, Any]]) -> list[tuple[float, int, Any]]:
+    """By (seq, arrival). A page comes in order: then it is returned as it is, without
+    a key tuple per op (the sort's allocations cost more than the sort itself)."""
+    for before, after in zip(entries, islice(entries, 1, None), strict=False):
+        if before[0] > after[0]:
+            return sorted(entries, key=itemgetter(0, 1))
+    return entries  # seqs never fall: arrival order is (seq, arrival) order
 
 
 def _existing_by_seq(

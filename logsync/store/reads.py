@@ -22,7 +22,7 @@ from logsync.store.apply import REFUSED_OWN_TOP_SQL
 from logsync.store.audit import AuditReport, audit_store
 from logsync.store.faults import describe_fault
 from logsync.store.ledgers import check_origin, conflict_filter
-from logsync.store.rows import artifact_dict, chunks, event_dict, ledger_dict
+from logsync.store.rows import artifact_dict, chunks, event_dicts, ledger_dict
 from logsync.store.schema import FILTER_COLUMNS, REVIEWED_COLUMN
 
 DEFAULT_LIST_LIMIT = 50
@@ -206,21 +206,26 @@ class Reads:
         self, origin: str, after: int = 0, limit: int = 500, *, max_limit: int = 500
     ) -> list[dict[str, Any]]:
         """Ops authored by `origin` with origin_seq > after, in author order."""
-        origin = model.routing("origin", origin, required=True) or ""
-        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-            raise ValidationError(
-                f"after={shorten(after)} is invalid: must be a non-negative integer"
-            )
-        if after >= 2**63:
-            raise ValidationError(f"after={shorten(after)} is invalid: must be below 2**63")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValidationError(f"limit={shorten(limit)} is invalid: must be a positive integer")
+        origin, count = _ops_range(origin, after, limit, max_limit)
         rows = self._read(
             "SELECT rowid, * FROM events WHERE origin_replica = ? AND origin_seq > ? "
             "ORDER BY origin_seq LIMIT ?",
-            (origin, after, min(limit, max_limit)),
+            (origin, after, count),
         )
         return self._attach(rows)
+
+    def op_keys(
+        self, origin: str, after: int = 0, limit: int = 500, *, max_limit: int = 500
+    ) -> list[tuple[int, int]]:
+        """`(origin_seq, seq)` of the ops `list_ops` returns for the same arguments, read
+        from the index alone (the server's `OpCache` holds the ops' bytes)."""
+        origin, count = _ops_range(origin, after, limit, max_limit)
+        rows = self._read(
+            "SELECT origin_seq, rowid FROM events WHERE origin_replica = ? "
+            "AND origin_seq > ? ORDER BY origin_seq LIMIT ?",
+            (origin, after, count),
+        )
+        return [(r[0], r[1]) for r in rows]
 
     def iter_events(self, batch: int = 1000) -> Iterator[dict[str, Any]]:
         """Every event in arrival order, in bounded batches."""
@@ -295,7 +300,7 @@ class Reads:
 
     def _attach(self, rows: Sequence[sqlite3.Row]) -> list[dict[str, Any]]:
         """Event dicts in upstream key order, artifact_ids sorted."""
-        events = [event_dict(r) for r in rows]
+        events = event_dicts(rows)
         if not events:
             return events
         by_id = {e["id"]: e for e in events}
@@ -309,6 +314,20 @@ class Reads:
             for link in links:
                 by_id[link["event_id"]]["artifact_ids"].append(link["artifact_id"])
         return events
+
+
+def _ops_range(origin: Any, after: Any, limit: Any, max_limit: int) -> tuple[str, int]:
+    """The checked origin and row count of a `list_ops`/`op_keys` read."""
+    origin = model.routing("origin", origin, required=True) or ""
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise ValidationError(
+            f"after={shorten(after)} is invalid: must be a non-negative integer"
+        )
+    if after >= 2**63:
+        raise ValidationError(f"after={shorten(after)} is invalid: must be below 2**63")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValidationError(f"limit={shorten(limit)} is invalid: must be a positive integer")
+    return origin, min(limit, max_limit)
 
 
 def _check_filter(column: str, value: Any) -> str:
