@@ -189,3 +189,76 @@ def test_after_and_limit_are_ascii_decimal_digits_only(store: Store, raw: str) -
     status, body = answer(store, "/sync/ops", {"origin": store.replica_id, "after": "-1"},
                           profile=LOGSYNC_SERVER)
     assert status == 400 and "must be a non-negative integer" in body["reason"]
+
+
+# ── §7 the common rules' order and methods, §7.2 and §8 edge values ──
+
+
+def _app_get(store: Store, method: str, path: str, headers: dict[str, str] | None = None,
+             **app: Any) -> Any:
+    import anyio
+    import httpx
+
+    from logsync.server import create_app
+
+    async def go() -> Any:
+        transport = httpx.ASGITransport(app=create_app(store, **app))
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            return await c.request(method, path, headers=headers or {})
+    return anyio.run(go)
+
+
+def test_common_rules_answer_in_their_order(store: Store) -> None:
+    """RFC 004 §7: 403 (Host) before 401 (token) before 413 (body) before 503 (store)
+    before 404/405; `/healthz` never asks for the token and answers other methods 405."""
+    auth = {"Authorization": "Bearer t"}
+    assert _app_get(store, "GET", "/nope", {"Host": "evil.example"}, token="t").status_code == 403
+    assert _app_get(store, "GET", "/nope", token="t").status_code == 401
+    big = {**auth, "Content-Length": str(70 * 1024)}
+    assert _app_get(store, "POST", "/nope", big, token="t").status_code == 413
+    sick = _app_get(store, "GET", "/sync/nope", auth, token="t", health=lambda: "disk gone")
+    assert sick.status_code == 503
+    assert _app_get(store, "GET", "/nope", auth, token="t").status_code == 404
+    assert _app_get(store, "POST", "/sync/ops", auth, token="t").status_code == 405
+    assert _app_get(store, "POST", "/healthz", token="t").status_code == 405
+
+
+def test_every_get_route_answers_head_without_a_body(store: Store) -> None:
+    """RFC 004 §7 rule 5: HEAD is GET without the body."""
+    store.append_event("task.note", "proj", "general", "lead")
+    for path in ("/sync/version_vector", f"/sync/ops?origin={store.replica_id}", "/healthz"):
+        got, head = _app_get(store, "GET", path), _app_get(store, "HEAD", path)
+        assert head.status_code == got.status_code == 200, path
+        assert head.content == b"" and head.headers["content-length"] == str(len(got.content))
+
+
+def test_after_beyond_2_62_is_an_empty_page_and_a_repeated_parameter_takes_the_last(
+        store: Store) -> None:
+    """RFC 004 §7.2: an `after` up to 2**63 - 1 above the tip is an empty page; a repeated
+    parameter other than `ext` takes its last value."""
+    store.append_event("task.note", "proj", "general", "lead")
+    page = _app_get(store, "GET", f"/sync/ops?origin={store.replica_id}&after={2**63 - 1}")
+    assert page.status_code == 200 and page.json()["events"] == []
+    twice = _app_get(store, "GET", f"/sync/ops?origin=rep_nope&origin={store.replica_id}")
+    assert twice.status_code == 200 and twice.json()["count"] == 1
+
+
+def test_prev_is_the_chain_at_after_on_an_empty_page_and_null_above_the_top(
+        store: Store) -> None:
+    """RFC 004 §8 item 6: `chain.prev` is D(after) whenever `after` is at most the top,
+    an empty page too (d_0 for an origin not held); null above the top."""
+    from logsync.chain import chain_start
+    from logsync.responder import LOGSYNC_SERVER, answer
+    store.append_event("task.note", "proj", "general", "lead")
+    ask = {"ext": "large_pages,chain"}
+    at_top = answer(store, "/sync/ops", {"origin": store.replica_id, "after": "1", **ask},
+                    profile=LOGSYNC_SERVER)[1]
+    assert at_top["events"] == [] and at_top["chain"]["prev"] == \
+        store.chain_digests_at(store.replica_id, [1])[0].hex()
+    above = answer(store, "/sync/ops", {"origin": store.replica_id, "after": "2", **ask},
+                   profile=LOGSYNC_SERVER)[1]
+    assert above["chain"]["prev"] is None
+    other = "rep_" + "ab" * 16
+    unheld = answer(store, "/sync/ops", {"origin": other, "after": "0", **ask},
+                    profile=LOGSYNC_SERVER)[1]
+    assert unheld["chain"]["prev"] == chain_start(other).hex()
