@@ -173,17 +173,19 @@ def _ops(store: Any, params: Mapping[str, Any], profile: Profile) -> dict[str, A
     usable = profile.max_page_bytes - PAGE_ENVELOPE_BYTES
     room = usable - (chain_bound(limit, usable) if chained else 0)
     if large:  # negotiated: the page stops at the byte budget (always at least one event)
-        events, spent = budget_page(store, origin, after, limit, cap, room)
+        events, sizes = budget_page(store, origin, after, limit, cap, room)
     else:  # an upstream client gets exactly upstream's page
         events = store.list_ops(origin, after, limit, max_limit=cap)
-        spent = -1  # not measured
+        sizes = None
+    artifacts = None
+    if EXT_INLINE_ARTIFACTS in asked:
+        events, artifacts = with_artifacts(
+            store, events, sizes or [event_size(e) for e in events], room,
+            profile.inline_artifact_bytes, cut=large)
     chain = _page_chain(store, origin, after, events) if chained else None
     body: dict[str, Any] = {"origin": origin, "events": events, "count": len(events)}
-    if EXT_INLINE_ARTIFACTS in asked:
-        if spent < 0 or chained:  # measured anew: a chain may have cut the page
-            spent = sum(event_size(event) for event in events)
-        budget = min(profile.inline_artifact_bytes, room - spent)
-        body["artifacts"] = page_artifacts(store, events, budget)
+    if artifacts is not None:
+        body["artifacts"] = named_by(artifacts, events)  # a chain may have cut the page
     if chain is not None:
         body["chain"] = chain
     return body
@@ -305,11 +307,12 @@ def event_size(event: Mapping[str, Any]) -> int:
 
 def budget_page(
     store: Any, origin: str, after: int, limit: int, cap: int, budget: int
-) -> tuple[list[dict[str, Any]], int]:
+) -> tuple[list[dict[str, Any]], list[int]]:
     """Up to `limit` ops of `origin` above `after`, read in batches, stopping before the
     one that would push the page's encoded events past `budget` bytes (the first op is
-    always included, so a page always advances), and the bytes they take."""
+    always included, so a page always advances), and the bytes each takes."""
     events: list[dict[str, Any]] = []
+    sizes: list[int] = []
     spent = 0
     cursor = after
     while len(events) < limit:
@@ -318,31 +321,56 @@ def budget_page(
         for event in batch:
             size = event_size(event)
             if events and spent + size > budget:
-                return events, spent
+                return events, sizes
             events.append(event)
+            sizes.append(size)
             spent += size
         if len(batch) < want:
-            return events, spent
+            return events, sizes
         cursor = batch[-1]["origin_seq"]
-    return events, spent
+    return events, sizes
 
 
-def page_artifacts(store: Any, events: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
-    """The artifacts the page's events name, ordered by id, as many as fit in `budget`
-    bytes of JSON (the puller fetches any left out one by one)."""
+def with_artifacts(store: Any, events: list[dict[str, Any]], sizes: list[int], room: int,
+                   most: int, *, cut: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The page's events and the artifacts inline with them (RFC 004 §8.1): in order, each
+    event with the artifacts it names not inline yet, while events and artifacts stay
+    within `room` bytes of JSON (artifacts within `most`). At the first event that does not
+    fit with its artifacts a budgeted page (`cut`) ends - holding that event alone, without
+    them, if it is the first - and any other page keeps its events and inlines no more.
+    Artifacts are ordered by id; the puller fetches the ones left out one by one."""
     wanted = {a for event in events for a in event.get("artifact_ids") or []}
-    found: list[dict[str, Any]] = []
-    spent = 0
-    for artifact in store.get_artifacts(wanted) if wanted and budget > 0 else []:
+    held: dict[str, tuple[dict[str, Any], int]] = {}
+    for artifact in store.get_artifacts(wanted) if wanted else []:
         try:
-            size = len(json_bytes(artifact)) + EVENT_OVERHEAD_BYTES
+            held[artifact["id"]] = (artifact, len(json_bytes(artifact)) + EVENT_OVERHEAD_BYTES)
         except ValueError:
             continue  # left out: `/sync/artifact` answers it, or names why it cannot
-        if spent + size > budget:
+    kept: list[dict[str, Any]] = []
+    inline: dict[str, dict[str, Any]] = {}
+    spent = inlined = 0
+    for event, size in zip(events, sizes, strict=True):
+        new = {a for a in event.get("artifact_ids") or [] if a in held and a not in inline}
+        extra = sum(held[a][1] for a in new)
+        if spent + size + inlined + extra > room or inlined + extra > most:
+            if cut:
+                if not kept:
+                    kept.append(event)
+                return kept, [inline[a] for a in sorted(inline)]
+            kept.extend(events[len(kept):])
             break
-        found.append(artifact)
+        kept.append(event)
         spent += size
-    return found
+        inlined += extra
+        inline.update((a, held[a][0]) for a in new)
+    return kept, [inline[a] for a in sorted(inline)]
+
+
+def named_by(artifacts: list[dict[str, Any]], events: list[dict[str, Any]]
+             ) -> list[dict[str, Any]]:
+    """The artifacts some event of the page names."""
+    names = {a for event in events for a in event.get("artifact_ids") or []}
+    return [a for a in artifacts if a["id"] in names]
 
 
 @dataclass(frozen=True)
@@ -365,9 +393,10 @@ def push_page(store: Any, origin: str, after: int, limit: int, max_bytes: int,
     # room as `_ops` counts it, less the key the page carries (64 hex and its keys)
     usable = max_bytes - PAGE_ENVELOPE_BYTES - PUSH_KEY_BYTES
     room = usable - chain_bound(cap, usable)
-    events, _ = budget_page(store, origin, after, cap, LARGE_PAGE_CEILING, room)
+    events, sizes = budget_page(store, origin, after, cap, LARGE_PAGE_CEILING, room)
+    events, artifacts = with_artifacts(store, events, sizes, room, max_bytes, cut=True)
     chain = _page_chain(store, origin, after, events)  # may cut the page at a signed op
-    artifacts = page_artifacts(store, events, room - sum(map(event_size, events)))
+    artifacts = named_by(artifacts, events)
     named = {a for event in events for a in event.get("artifact_ids") or []}
     held = len(store.get_artifacts(named)) if named else 0
     key = store.public_keys().get(origin) if events else None

@@ -214,7 +214,7 @@ def test_a_page_too_large_for_the_cap_halves_then_names_the_op(laptop: Store) ->
         except StopIteration as done:
             report = done.value
             break
-    assert sizes == [2, 1]  # 4 ops do not fit, 2 do, then 1; op 4 with its artifact never
+    assert sizes == [3]  # ops 1-3 fit; op 4 with its artifact never, alone or not
     assert report.origins[laptop.replica_id].reached == 3
     assert "too_large: op 4" in report.stopped()[laptop.replica_id]
 

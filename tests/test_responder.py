@@ -254,14 +254,25 @@ def test_inline_artifacts_are_the_named_ones_by_id_once(store: Store) -> None:
 
 
 def test_inline_artifacts_keep_their_byte_budget(store: Store) -> None:
-    """RFC 004 §8.1: inline artifacts are counted as the JSON they take; one that would
-    pass the budget is left out (the puller fetches it), even the first."""
+    """RFC 004 §8.1: an event goes with the artifacts it names (counted as the JSON they
+    take) or, past the budget, a budgeted page ends before it; other pages keep every
+    event and inline no more artifacts from the first that does not fit."""
     big = [store.put_artifact("note", f"{i}" * 600, "alice") for i in range(3)]
-    append(store, 1, artifact_ids=[a["id"] for a in big])
+    append(store, 1, artifact_ids=[a["id"] for a in big])  # one event naming three
     one = len(json_bytes(store.get_artifact(big[0]["id"]))) + 2
-    for allowed, inline in ((one, 1), (one - 1, 0), (0, 0), (2 * one, 2), (10 * one, 3)):
+    for allowed, inline in ((3 * one - 1, 0), (3 * one, 3), (0, 0)):
         body = ops(store, Profile(inline_artifact_bytes=allowed), ext="inline_artifacts")[1]
-        assert [a["id"] for a in body["artifacts"]] == sorted(a["id"] for a in big)[:inline]
+        assert len(body["artifacts"]) == inline and body["count"] == 1
+    arts = [store.put_artifact("note", f"{i}" * 600, "bob") for i in range(3)]
+    for art in arts:  # three events naming one each
+        append(store, 1, artifact_ids=[art["id"]])
+    plain = ops(store, Profile(inline_artifact_bytes=2 * one), after="1",
+                ext="inline_artifacts")[1]
+    assert plain["count"] == 3 and [a["id"] for a in plain["artifacts"]] == sorted(
+        a["id"] for a in arts[:2])
+    cut = ops(store, Profile(inline_artifact_bytes=2 * one), after="1",
+              ext="inline_artifacts,large_pages")[1]
+    assert cut["count"] == 2 and len(cut["artifacts"]) == 2  # ends before the third
 
 
 @pytest.fixture(scope="module")
@@ -357,7 +368,7 @@ def budget_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
 
 @settings(max_examples=120, deadline=None)
 @given(after=st.integers(0, BUDGETED + 5), limit=st.integers(1, 600),
-       budget=st.integers(1, 400_000), large=st.booleans())
+       budget=st.integers(1024, 400_000), large=st.booleans())
 def test_a_page_is_a_gap_free_run_within_its_budget(budget_store: Store, after: int,
                                                     limit: int, budget: int,
                                                     large: bool) -> None:
