@@ -87,6 +87,26 @@ def test_a_clean_run_converges_with_identical_views_and_reports_its_figures() ->
     assert "trace sha256" in report.text() and report.as_dict()["ok"] is True
 
 
+def test_messages_count_requests_answers_and_change_frames_as_maelstrom_does() -> None:
+    """On a clean link every request is answered; under loss and a partition some are not.
+    Either way a message is a request, an answer or a change frame, nothing else."""
+    clean = parse_scenario(
+        'name = "clean"\nduration = "4s"\n[nodes]\ncount = 3\n[network]\nlatency = "20ms"\n'
+        '[[workload]]\nrate = 10\n[expect]\nconverge_within = "10s"\n', source="clean.toml")
+    lossy = run_scenario(small())
+    for report in (run_scenario(clean), lossy):
+        assert report.ok, report.text()
+        assert report.messages_total == report.requests_total + report.answers \
+            + report.notifications
+        assert report.messages_per_event == report.messages_total / report.events
+        shown = report.as_dict()["messages"]
+        assert shown["total"] == report.messages_total and shown["answers"] == report.answers
+        assert f"messages {report.messages_total} (" in report.text()
+    clean_report = run_scenario(clean)
+    assert clean_report.answers == clean_report.requests_total > 0
+    assert 0 < lossy.answers < lossy.requests_total
+
+
 def test_every_fault_decision_is_in_the_trace(tmp_path: Path) -> None:
     trace = tmp_path / "trace.txt"
     result = CliRunner().invoke(cli, ["simulate", str(_write(tmp_path, SMALL)), "--trace",
