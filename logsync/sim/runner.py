@@ -225,6 +225,23 @@ class Simulation:
                                   incarnation=msg.incarnation, retry_after=node.overload[0]),
                           extra_delay_us=node.serve_delay_us)
             return
+        # The same request to an unchanged store is answered as before (the fleet's
+        # requests after one notification arrive together); a byzantine node's answers are
+        # altered in place, so it answers each afresh.
+        key = (msg.path, *msg.params.items()) if node.byzantine is None else None
+        hit = node.answered(key) if key is not None else None
+        if hit is not None:
+            status, body, size = hit
+        else:
+            status, body, size = self._answer(node, msg)
+            if key is not None:
+                node.remember_answer(key, (status, body, size))
+        reply = Message("resp", node.name, msg.src, msg.mid, msg.path, status=status,
+                        answer=body, size=size, incarnation=msg.incarnation)
+        self.net.send(reply, extra_delay_us=node.serve_delay_us)
+
+    def _answer(self, node: SimNode, msg: Message) -> tuple[int, Any, int]:
+        """(status, body, bytes on the wire) of one request, from the real responder."""
         status, body = serve(node.store_or_fail(), msg.path, msg.params, logsync=node.logsync,
                              max_page=self.scenario.sync.max_page, vector=node.stored_vector)
         done = None
@@ -236,10 +253,7 @@ class Simulation:
                 if done:
                     self.metrics.tampered += 1
                     self.trace.fault(f"{node.name} serves {msg.src} a tampered answer: {done}")
-        size = self.sizer.size(body, exact=done is not None)
-        reply = Message("resp", node.name, msg.src, msg.mid, msg.path, status=status,
-                        answer=body, size=size, incarnation=msg.incarnation)
-        self.net.send(reply, extra_delay_us=node.serve_delay_us)
+        return status, body, self.sizer.size(body, exact=done is not None)
 
     def notify_change(self, node: SimNode, tops: tuple[tuple[str, int], ...],
                       source: str | None = None) -> None:
