@@ -307,16 +307,22 @@ def render(r: dict[str, Any]) -> list[str]:
              f"{m['loadavg_1m']} at the start and {after['loadavg_1m']} at the end, Python "
              f"{m['python']}, {r['total_s']:.0f} s in all)", "",
              "| stored events | `version_vector` | one `/sync/ops` page (500 ops) | "
-             "`apply_remote`, one 500-op page | size on disk | built in |",
+             "`apply_remote`, one 500-op page | size on disk | grown to it in |",
              "|---|---|---|---|---|---|"]
+    base = r["store"][0]
     for s in r["store"]:
-        lines.append(f"| {_n(s['events'])} | {s['version_vector_ms']:.2f} ms | "
-                     f"{s['ops_page_ms']:.1f} ms | {s['apply_page_ms']:.1f} ms | "
-                     f"{_n(s['disk_mb'])} MB | {s['build_s']:.0f} s |")
+        def x(key: str, s: dict[str, Any] = s) -> str:  # growth against the first size
+            return "" if s is base else f" (×{s[key] / base[key]:.1f})"
+        lines.append(f"| {_n(s['events'])} | {s['version_vector_ms']:.2f} ms"
+                     f"{x('version_vector_ms')} | {s['ops_page_ms']:.1f} ms{x('ops_page_ms')} | "
+                     f"{s['apply_page_ms']:.1f} ms{x('apply_page_ms')} | "
+                     f"{_n(s['disk_mb'])} MB{x('disk_mb')} | {s['build_s']:.0f} s |")
     lines += ["", "| simulated nodes | events | wall | requests/event | messages/event | "
               "reach median / max |", "|---|---|---|---|---|---|"]
+    first = r["sim"][0]
     for s in r["sim"]:
-        lines.append(f"| {s['nodes']} | {_n(s['events'])} | {s['wall_s']:.1f} s | "
+        grew = "" if s is first else f" (×{s['wall_s'] / first['wall_s']:.1f})"
+        lines.append(f"| {s['nodes']} | {_n(s['events'])} | {s['wall_s']:.1f} s{grew} | "
                      f"{s['requests_per_event']:.1f} | {s['messages_per_event']:.1f} | "
                      f"{s['reach_median_s']:.3f} / {s['reach_max_s']:.3f} s |")
     lines += ["", "| idle daemon, peers | CPU time over the window | CPU | requests the "
