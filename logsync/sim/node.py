@@ -6,6 +6,9 @@ invariants after every step without re-reading SQLite; the mirrors are
 compared with the store itself at every checkpoint, so a wrong mirror is
 itself reported.
 
+It also keeps the answers it gave since its store last changed (`answers`), so a request
+repeated before the store changes is answered without running the responder again.
+
 The driver performs the rounds' store effects on the node's real `Store` and
 tells the node what each applied page added (`after_apply`); `crash_on_apply`
 arms the driver to crash the next apply inside its transaction.
