@@ -120,6 +120,8 @@ def test_serving_measures_each_target_at_each_concurrency() -> None:
         ("latency", ["--appends", "x"], "'x' is not an integer"),
         ("memory", ["--timeout", "-1"], "-1.0 is invalid: must be a positive number"),
         ("serving", ["--pullers", "2,0"], "every level must be >= 1"),
+        ("growth", ["--sizes", "100,10"], "must be increasing positive integers"),
+        ("growth", ["--idle-seconds", "0"], "--idle-seconds 0 is invalid"),
     ],
 )
 def test_bad_arguments_are_one_sentence_not_a_traceback(
@@ -148,3 +150,25 @@ def test_snapshot_join_reports_its_ratios() -> None:
         assert positive(result["ratios"][key]["value"]), key
     text = rendered("snapshot_join", result)
     assert "upstream/(s)" in text and "join/GET" in text and "peak RSS" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_growth_reports_each_size_fleet_and_peer_count() -> None:
+    result = run_benchmark("growth", "--sizes", "2000,6000", "--nodes", "3,5",
+                           "--peers", "1,3", "--idle-seconds", "2")
+    assert [s["events"] for s in result["store"]] == [2000, 6000]
+    for row in result["store"]:
+        for key in ("version_vector_ms", "ops_page_ms", "apply_page_ms", "disk_mb"):
+            assert positive(row[key]), (key, row)
+        assert row["ops_page_ops"] == 500 and row["events_after"] > row["events"]
+    assert result["store"][1]["disk_mb"] > result["store"][0]["disk_mb"]
+    assert [s["nodes"] for s in result["sim"]] == [3, 5]
+    for row in result["sim"]:
+        assert row["messages_per_event"] > row["requests_per_event"] > 0, row
+    assert [s["peers"] for s in result["idle"]] == [1, 3]
+    for row in result["idle"]:  # every peer was asked for its vector and its stream
+        assert row["vector_requests"] >= row["peers"] and row["stream_connects"] >= row["peers"]
+        assert row["cpu_s"] >= 0
+    text = rendered("growth", result)
+    assert "| stored events |" in text and "| simulated nodes |" in text and "idle daemon" in text

@@ -19,6 +19,7 @@ from logsync.cli import cli
 from logsync.effects import ApplyPage
 from logsync.sim import parse_scenario, run_scenario
 from logsync.sim.driver import Driver
+from logsync.sim.node import SimNode
 
 SMALL = """
 name = "small"
@@ -85,6 +86,55 @@ def test_a_clean_run_converges_with_identical_views_and_reports_its_figures() ->
                                "label": "partition n0|n1,n2,n3"}]
     assert max(report.max_lag().values()) > 0
     assert "trace sha256" in report.text() and report.as_dict()["ok"] is True
+
+
+def test_messages_count_requests_answers_and_change_frames_as_maelstrom_does() -> None:
+    """On a clean link every request is answered; under loss and a partition some are not.
+    Either way a message is a request, an answer or a change frame, nothing else."""
+    clean = parse_scenario(
+        'name = "clean"\nduration = "4s"\n[nodes]\ncount = 3\n[network]\nlatency = "20ms"\n'
+        '[[workload]]\nrate = 10\n[expect]\nconverge_within = "10s"\n', source="clean.toml")
+    lossy = run_scenario(small())
+    for report in (run_scenario(clean), lossy):
+        assert report.ok, report.text()
+        assert report.messages_total == report.requests_total + report.answers \
+            + report.notifications
+        assert report.messages_per_event == report.messages_total / report.events
+        shown = report.as_dict()["messages"]
+        assert shown["total"] == report.messages_total and shown["answers"] == report.answers
+        assert f"messages {report.messages_total} (" in report.text()
+    clean_report = run_scenario(clean)
+    assert clean_report.answers == clean_report.requests_total > 0
+    assert 0 < lossy.answers < lossy.requests_total
+
+
+def test_a_repeated_request_is_answered_as_the_responder_would_answer_it_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node reuses an answer only while its store is unchanged: every reuse equals a
+    fresh answer from the responder, and a change of the store forgets them all."""
+    from logsync.sim import runner
+
+    reused: list[str] = []
+    serve_once = runner.Simulation._serve
+
+    def checked(sim: Any, node: Any, msg: Any) -> None:
+        key = (msg.path, *msg.params.items())
+        kept = node.answered(key) if node.byzantine is None and node.overload is None else None
+        if kept is not None:
+            assert sim._answer(node, msg) == kept, (node.name, key)
+            reused.append(msg.path)
+        serve_once(sim, node, msg)
+
+    monkeypatch.setattr(runner.Simulation, "_serve", checked)
+    report = run_scenario(small(seed=2))
+    assert report.ok, report.text()
+    assert len(reused) > 20 and "/sync/ops" in reused
+    probe = SimNode.__new__(SimNode)
+    probe.answers, probe._vector = {}, None
+    probe.remember_answer(("/sync/ops", ("after", 0)), (200, {"events": []}, 13))
+    assert probe.answered(("/sync/ops", ("after", 0))) == (200, {"events": []}, 13)
+    probe.store_changed()
+    assert probe.answered(("/sync/ops", ("after", 0))) is None
 
 
 def test_every_fault_decision_is_in_the_trace(tmp_path: Path) -> None:

@@ -208,7 +208,10 @@ class Driver:
         if isinstance(effect, ReadVector):
             return node.stored_vector()  # the node's mirror of the store's vector
         if not isinstance(effect, ApplyPage):
-            return effects.perform(node.store_or_fail(), effect)
+            try:
+                return effects.perform(node.store_or_fail(), effect)
+            finally:
+                node.store_touched()
         store = node.store_or_fail()
         if node.crash_on_apply:
             node.crash_on_apply = False

@@ -6,6 +6,9 @@ invariants after every step without re-reading SQLite; the mirrors are
 compared with the store itself at every checkpoint, so a wrong mirror is
 itself reported.
 
+It also keeps the answers it gave since its store last changed (`answers`), so a request
+repeated before the store changes is answered without running the responder again.
+
 The driver performs the rounds' store effects on the node's real `Store` and
 tells the node what each applied page added (`after_apply`); `crash_on_apply`
 arms the driver to crash the next apply inside its transaction.
@@ -32,6 +35,8 @@ from logsync import hlc as hlc_mod
 from logsync.sim.clock import NodeClock, VirtualClock
 from logsync.sim.trace import Trace
 from logsync.store import Store
+
+MAX_ANSWERS_KEPT = 256  # per node, between two changes of its store
 
 
 @dataclass
@@ -85,6 +90,10 @@ class SimNode:
         self.agents = agents
         self.store: Store | None = None
         self._vector: dict[str, int] | None = None
+        # (path, params) -> (status, body, size): what this node answered since its store
+        # last changed (`runner._serve`); the responder is a function of the store and the
+        # request, so the same request to the same store gets the same answer
+        self.answers: dict[tuple[Any, ...], tuple[int, Any, int]] = {}
         self.up = False
         self.incarnation = 0
         self.pulls_from: list[str] = []
@@ -139,6 +148,22 @@ class SimNode:
 
     def store_changed(self) -> None:
         self._vector = None
+        self.answers.clear()
+
+    def store_touched(self) -> None:
+        """A store effect other than an apply ran (it may write signatures, keys, ledgers,
+        chain repairs): answers given before may differ now."""
+        self.answers.clear()
+
+    def answered(self, key: tuple[Any, ...]) -> tuple[int, Any, int] | None:
+        """The answer (status, body, size) this node gave `key` (path and params) since
+        its store last changed, if any."""
+        return self.answers.get(key)
+
+    def remember_answer(self, key: tuple[Any, ...], reply: tuple[int, Any, int]) -> None:
+        if len(self.answers) >= MAX_ANSWERS_KEPT:
+            self.answers.clear()
+        self.answers[key] = reply
 
     def store_or_fail(self) -> Store:
         if self.store is None:

@@ -48,6 +48,7 @@ class SimReport:
     requests: dict[str, int]
     requests_total: int
     bytes: int
+    answers: int
     notifications: int
     rounds: int
     rounds_failed: int
@@ -78,6 +79,15 @@ class SimReport:
     @property
     def requests_per_event(self) -> float | None:
         return self.requests_total / self.events if self.events else None
+
+    @property
+    def messages_total(self) -> int:
+        """Messages as Maelstrom counts them: each request, each answer, each change frame."""
+        return self.requests_total + self.answers + self.notifications
+
+    @property
+    def messages_per_event(self) -> float | None:
+        return self.messages_total / self.events if self.events else None
 
     @property
     def bytes_per_event(self) -> float | None:
@@ -121,6 +131,9 @@ class SimReport:
                          "per_event": _round(self.requests_per_event)},
             "bytes": {"total": self.bytes, "per_event": _round(self.bytes_per_event)},
             "notifications": self.notifications,
+            "messages": {"total": self.messages_total, "requests": self.requests_total,
+                         "answers": self.answers, "change_frames": self.notifications,
+                         "per_event": _round(self.messages_per_event)},
             "rounds": {"total": self.rounds, "failed": self.rounds_failed},
             "applies": self.applies, "replays_checked": self.replays,
             "tampered_answers": self.tampered, "writes_skipped_node_down": self.skipped_writes,
@@ -151,6 +164,9 @@ class SimReport:
         lines.append(f"  requests {self.requests_total} ({_fmt(self.requests_per_event)}/event), "
                      f"bytes {self.bytes} ({_fmt(self.bytes_per_event, 0)}/event), "
                      f"notifications {self.notifications}")
+        lines.append(f"  messages {self.messages_total} ({_fmt(self.messages_per_event)}/event, "
+                     f"as Maelstrom counts: {self.requests_total} requests, {self.answers} "
+                     f"answers, {self.notifications} change frames)")
         lines.append("  requests by path: " + ", ".join(f"{p} {n}" for p, n in
                                                          self.requests.items()))
         lines.append(f"  rounds {self.rounds} ({self.rounds_failed} failed)")
@@ -207,6 +223,8 @@ def summarise(reports: list[SimReport], errors: dict[int, str] | None = None) ->
                                  if r.convergence_s is not None]),
         "requests_per_event": spread([r.requests_per_event for r in reports
                                       if r.requests_per_event is not None]),
+        "messages_per_event": spread([r.messages_per_event for r in reports
+                                      if r.messages_per_event is not None]),
         "reach_median_s": spread([r.reach_median for r in reports if r.reach_median is not None]),
         "reach_max_s": spread([r.reach_max for r in reports if r.reach_max is not None]),
         "conflicts": sum(sum(r.conflicts.values()) for r in reports),
@@ -225,7 +243,8 @@ def summary_text(summary: dict[str, Any], name: str) -> str:
              f"{len(summary['failed_seeds'])} failed"
              + (f" ({', '.join(map(str, summary['failed_seeds']))})"
                 if summary["failed_seeds"] else "")]
-    for key in ("convergence_s", "requests_per_event", "reach_median_s", "reach_max_s"):
+    for key in ("convergence_s", "requests_per_event", "messages_per_event", "reach_median_s",
+                "reach_max_s"):
         if summary[key]:
             s = summary[key]
             lines.append(f"  {key}: min {s['min']} median {s['median']} max {s['max']}")

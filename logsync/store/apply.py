@@ -118,11 +118,13 @@ def apply_page(
     applier.apply_artifacts(artifacts)
     for origin, ops in group_by_origin(events).items():
         applier.apply_origin(origin, ops)
-    conn.executemany(INSERT_EVENT, state.events)
-    conn.executemany(
-        "INSERT OR IGNORE INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)",
-        state.links,
-    )
+    if state.events:
+        conn.executemany(INSERT_EVENT, state.events)
+    if state.links:
+        conn.executemany(
+            "INSERT OR IGNORE INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)",
+            state.links,
+        )
     extend_chains(conn, state.events, state.links, known=known)  # same transaction
     record_ledgers(conn, state)
     return ApplyResult(
@@ -181,7 +183,8 @@ class _Applier:
                           "an artifact with this id but different content is already stored",
                           artifact_dict(have), artifact_wire(art))
             state.known_artifacts.add(art_id)
-        conn.executemany(INSERT_ARTIFACT, rows)
+        if rows:
+            conn.executemany(INSERT_ARTIFACT, rows)
         state.artifacts_applied += len(rows)
 
     def apply_origin(self, origin: str, ops: list[Any]) -> None:

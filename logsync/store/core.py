@@ -108,6 +108,7 @@ class Store(LocalWrites, Reads, ChainViews):
         self._connections: list[sqlite3.Connection] = []
         self._conn_lock = threading.Lock()
         self._closed = False
+        self._durable = True  # the writer's synchronous=FULL (`_connect`)
         self._ro_uri = f"{self.db_path.resolve().as_uri()}?mode=ro"
         self.signing_key = signing_key  # never served: only local appends use it
         self.public_key: bytes | None = None if signing_key is None else public_key_of(
@@ -287,7 +288,9 @@ class Store(LocalWrites, Reads, ChainViews):
         with self._write_lock:
             conn = self._writer
             try:
-                conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+                if self._durable is not durable:  # set only when it changes (per connection)
+                    conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+                    self._durable = durable
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 self._rollback(conn)

@@ -79,6 +79,8 @@ def conflict_row(
 
 
 def record_conflicts(conn: sqlite3.Connection, rows: Sequence[Row]) -> None:
+    if not rows:  # nearly every page: skip the statement (a few us each, per page)
+        return
     conn.executemany(
         "INSERT INTO logsync_conflicts (detected_at, kind, origin_replica, origin_seq, item_id, "
         "reason, local_json, remote_json, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -88,6 +90,8 @@ def record_conflicts(conn: sqlite3.Connection, rows: Sequence[Row]) -> None:
 
 
 def record_quarantine(conn: sqlite3.Connection, rows: Sequence[Row]) -> None:
+    if not rows:
+        return
     conn.executemany(
         "INSERT INTO logsync_quarantine (received_at, kind, origin_replica, origin_seq, item_id, "
         "reason, payload_json, digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
