@@ -85,7 +85,7 @@ Examples:
   logsync sync --peer http://hub:8742 --pull-only  # a MemPalace hub: pull only
 
 Exit status: 0 every peer done both ways, 1 a peer or an origin failed, or an origin was
-stopped by an op held in quarantine (`logsync quarantine` shows it).""")
+stopped by an op held in quarantine (the quarantine command lists it).""")
 @click.option("--peer", "peer_url", help="Sync with this URL instead of every configured peer.")
 @click.option("--token", envvar="LOGSYNC_PEER_TOKEN", help="Bearer token for --peer "
               "(env LOGSYNC_PEER_TOKEN).")
