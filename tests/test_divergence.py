@@ -180,7 +180,8 @@ def test_digests_answers_the_chain_at_each_seq_and_refuses_bad_input(tmp_path):
         ({"origin": origin, "at": "-1"}, "must hold seqs in 0.."),
     ]:
         status, body = answer(store, "/sync/digests", params, profile=LOGSYNC_SERVER)
-        assert status == 400 and words in body["error"], (params, body)
+        assert status == 400 and body["error"] == "bad_request", (params, body)
+        assert words in body["reason"], (params, body)
     status, _ = answer(store, "/sync/digests", {"origin": origin, "at": "1"},
                        profile=UPSTREAM_HUB)
     assert status == 404                                   # a hub has no such route

@@ -20,6 +20,7 @@ import uvicorn
 from logsync import __version__
 from logsync.engine import parse_extensions
 from logsync.errorcodes import UPSTREAM_PATHS
+from logsync.responder import json_bytes
 from logsync.server import ChangeNotifier, create_app, is_loopback_host
 from logsync.store import Store
 
@@ -429,12 +430,14 @@ async def test_ops_inline_artifacts(store: Store) -> None:
 async def test_inline_artifacts_respect_the_byte_budget(store: Store) -> None:
     big = [store.put_artifact("note", f"{i}" * 600, "alice") for i in range(3)]
     append(store, 1, artifact_ids=[a["id"] for a in big])
-    app = create_app(store, token=TOKEN, inline_artifact_bytes=1000)
-    async with client(app, **AUTH) as c:
-        answer = await c.get(
-            "/sync/ops", params={"origin": store.replica_id, "ext": "inline_artifacts"}
-        )
-    assert [a["id"] for a in answer.json()["artifacts"]] == sorted(a["id"] for a in big)[:1]
+    one = len(json_bytes(store.get_artifact(big[0]["id"]))) + 2
+    for allowed, inline in ((3 * one - 1, 0), (3 * one, 3)):  # an event's go together
+        app = create_app(store, token=TOKEN, inline_artifact_bytes=allowed)
+        async with client(app, **AUTH) as c:
+            answer = await c.get(
+                "/sync/ops", params={"origin": store.replica_id, "ext": "inline_artifacts"}
+            )
+        assert len(answer.json()["artifacts"]) == inline
 
 
 @pytest.mark.anyio
