@@ -53,6 +53,7 @@ from logsync.peerstate import PeerBook, PeerState
 from logsync.push import PushReport
 from logsync.replica import identity_moved
 from logsync.server import create_app, is_loopback_host
+from logsync.server.commits import COMMIT_CHECK_S, CommitWatch
 from logsync.server.limits import check_tls, listen_socket, uvicorn_limits
 from logsync.store import Store
 from logsync.watch import watch_stream
@@ -63,6 +64,7 @@ PEERS_POLL_S = 1.0
 PUSH_POLL_S = 1.0  # how often a push peer's loop looks for a change in our log
 PUSH_BACKOFF_MAX_S = 300.0
 STORE_CHECK_S = 5.0
+STATE_SAVE_S = 1.0  # peer state is saved (fsync) at most this often, off the pull loops
 LOGGED_ORIGIN_FAILURES = 3  # per round; the rest are counted in one line
 GRACEFUL_SHUTDOWN_S = 3.0  # event streams never end on their own; cut them after this
 
@@ -81,6 +83,7 @@ class DaemonConfig:
     log_level: str = "info"
     extra_hosts: tuple[str, ...] = ()
     snapshot: bool = True  # an empty store joins from a peer's snapshot (RFC 004 §4.11)
+    commit_check: float = COMMIT_CHECK_S  # other processes' commits (0: the streams' poll)
 
     def check(self) -> None:
         """Refuse settings that would expose the log or half-configure TLS."""
@@ -95,6 +98,9 @@ class DaemonConfig:
             raise ConfigError(f"port={self.port} is invalid: must be 0-65535")
         if self.interval <= 0:
             raise ConfigError(f"interval={self.interval} is invalid: must be > 0 seconds")
+        if not 0 <= self.commit_check <= 1:
+            raise ConfigError(f"commit check every {self.commit_check} s is invalid: must be "
+                              "0 (off) to 1 second")
 
 
 @dataclass
@@ -140,6 +146,7 @@ class Daemon:
         self.identity_change: str | None = None  # why the daemon stopped itself, if it did
         self._next_store_check = 0.0
         self._store_healthy: anyio.Event | None = None  # made in run(): needs the loop
+        self._state_dirty: anyio.Event | None = None  # made in run(): a save is owed
         self._peers_signature: tuple[int, int] | None = ("unread",)  # type: ignore[assignment]
         self.app = create_app(
             self.store, token=config.token, peer_state_provider=self.peer_entries,
@@ -164,13 +171,23 @@ class Daemon:
         """Serve and pull until SIGINT/SIGTERM."""
         self._store_healthy = anyio.Event()
         self._store_healthy.set()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._on_signals, tg)
-            pulls = anyio.CancelScope()
-            tg.start_soon(self._pull_all, pulls)
-            await self.server.serve()
-            pulls.cancel()
-            tg.cancel_scope.cancel()
+        self._state_dirty = anyio.Event()
+        commits = None
+        if self.config.commit_check > 0:  # a CLI append wakes the streams within ms
+            commits = CommitWatch(self.store.db_path, self.app.state.notifier.notify,
+                                  interval=self.config.commit_check)
+            commits.start()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._on_signals, tg)
+                pulls = anyio.CancelScope()
+                tg.start_soon(self._pull_all, pulls)
+                await self.server.serve()
+                pulls.cancel()
+                tg.cancel_scope.cancel()
+        finally:
+            if commits is not None:
+                commits.stop()
         self._save_state()
 
     async def _on_signals(self, tg: TaskGroup) -> None:
@@ -193,6 +210,7 @@ class Daemon:
             while not self.server.started and not self.server.should_exit:  # noqa: ASYNC110
                 await anyio.sleep(0.02)
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self._state_saver)
                 while True:
                     self._reload_peers(tg)
                     if self.store_fault is not None:
@@ -314,7 +332,7 @@ class Daemon:
                 for origin, reason in list(report.stopped().items())[:LOGGED_ORIGIN_FAILURES]:
                     log.warning("%s", _named(task.label, f"push of origin {origin} stopped: "
                                                          f"{reason}"))
-                await anyio.to_thread.run_sync(self._save_state)
+                self._save_soon()
 
     async def _watch(self, task: _PeerTask) -> None:
         await watch_stream(task.peer.url, task.peer.token, task.note, rng=self._rng,
@@ -377,7 +395,7 @@ class Daemon:
         else:
             task.loop.succeeded(report, anyio.current_time())
             self._record(task, state, report, full=isinstance(plan, FullRound))
-        await anyio.to_thread.run_sync(self._save_state)
+        self._save_soon()
 
     async def _catching_up(self, task: _PeerTask, state: PeerState,
                            report: RoundReport) -> None:
@@ -392,7 +410,7 @@ class Daemon:
             log.info("%s", progress.line("catching up from", task.label, snap,
                                          anyio.current_time() - began))
             state.record_progress(snap.done, snap.total, began_wall, time.time())
-            await anyio.to_thread.run_sync(self._save_state)
+            self._save_soon()
 
     def _round_failed(self, task: _PeerTask, state: PeerState, report: RoundReport,
                       exc: Exception) -> None:
@@ -437,6 +455,20 @@ class Daemon:
     def peer_entries(self) -> list[dict[str, Any]]:
         local = self.store.version_vector()
         return [s.as_upstream_peer_entry(local) for _, s in sorted(self.book.peers.items())]
+
+    def _save_soon(self) -> None:
+        """Owe a save of the peer state: `_state_saver` writes it, so no round waits for
+        an fsync (a frame arriving meanwhile is pulled at once); `run` saves at exit."""
+        if self._state_dirty is not None:
+            self._state_dirty.set()
+
+    async def _state_saver(self) -> None:
+        """Save the peer state when a round changed it, at most once per STATE_SAVE_S."""
+        while self._state_dirty is not None:
+            await self._state_dirty.wait()
+            self._state_dirty = anyio.Event()
+            await anyio.to_thread.run_sync(self._save_state)
+            await anyio.sleep(STATE_SAVE_S)
 
     def _save_state(self) -> None:
         try:

@@ -46,6 +46,10 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
               help="CA bundle for verifying https peers.")
 @click.option("--no-notify", is_flag=True, help="Do not follow peers' /logstream/stream.")
+@click.option("--commit-check-ms", type=click.FloatRange(0, 1000), default=5.0,
+              show_default=True, help="How often to look for commits by other processes "
+              "(the CLI, an agent's store), so their events go out at once; 0: only the "
+              "event streams' 100 ms poll.")
 @click.option("--no-snapshot", is_flag=True, help="An empty store pulls op by op instead of "
               "joining from a peer's snapshot.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
@@ -56,7 +60,8 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
 def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host: str,
               port: int, token: str | None,
               interval: float, tls_cert: str | None, tls_key: str | None, ca_file: str | None,
-              no_notify: bool, no_snapshot: bool, log_level: str) -> None:
+              no_notify: bool, commit_check_ms: float, no_snapshot: bool,
+              log_level: str) -> None:
     """Serve this palace over /sync/* and pull from every peer in peers.json."""
     from logsync.daemon import DaemonConfig, serve  # the server stack loads only here
 
@@ -69,6 +74,7 @@ def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host:
         host=host, port=port, token=peers_mod.check_token(token, "--token (or LOGSYNC_TOKEN)"),
         interval=interval, tls_cert=tls_cert, tls_key=tls_key, ca_file=ca_file,
         notifications=not no_notify, log_level=log_level, snapshot=not no_snapshot,
+        commit_check=commit_check_ms / 1000,
     )
     config.check()
 
