@@ -74,6 +74,16 @@ class SimReport:
     wall_seconds: float
     expect: Expect
     net: dict[str, int] = field(default_factory=dict)
+    answers: int = 0
+
+    @property
+    def messages(self) -> int:
+        """Counted as Maelstrom counts: requests + answers + change frames."""
+        return self.requests_total + self.answers + self.notifications
+
+    @property
+    def messages_per_event(self) -> float | None:
+        return self.messages / self.events if self.events else None
 
     @property
     def requests_per_event(self) -> float | None:
@@ -121,6 +131,8 @@ class SimReport:
                          "per_event": _round(self.requests_per_event)},
             "bytes": {"total": self.bytes, "per_event": _round(self.bytes_per_event)},
             "notifications": self.notifications,
+            "messages": {"total": self.messages, "answers": self.answers,
+                         "per_event": _round(self.messages_per_event)},
             "rounds": {"total": self.rounds, "failed": self.rounds_failed},
             "applies": self.applies, "replays_checked": self.replays,
             "tampered_answers": self.tampered, "writes_skipped_node_down": self.skipped_writes,
@@ -151,6 +163,8 @@ class SimReport:
         lines.append(f"  requests {self.requests_total} ({_fmt(self.requests_per_event)}/event), "
                      f"bytes {self.bytes} ({_fmt(self.bytes_per_event, 0)}/event), "
                      f"notifications {self.notifications}")
+        lines.append(f"  messages {self.messages} ({_fmt(self.messages_per_event)}/event: "
+                     f"requests + {self.answers} answers + frames)")
         lines.append("  requests by path: " + ", ".join(f"{p} {n}" for p, n in
                                                          self.requests.items()))
         lines.append(f"  rounds {self.rounds} ({self.rounds_failed} failed)")

@@ -42,6 +42,7 @@ from logsync.sim.trace import Trace
 @dataclass
 class Metrics:
     requests: dict[str, int] = field(default_factory=dict)
+    answers: int = 0  # answers sent (a lost request gets none)
     bytes: int = 0
     notifications: int = 0
     rounds: int = 0
@@ -217,6 +218,7 @@ class Simulation:
         return True
 
     def _serve(self, node: SimNode, msg: Message) -> None:
+        self.metrics.answers += 1
         if node.overload is not None:  # the overload fault: 503, maybe with a Retry-After
             self.net.send(Message("resp", node.name, msg.src, msg.mid, msg.path, status=503,
                                   answer={"error": f"{node.name} is overloaded"}, size=64,
@@ -390,6 +392,7 @@ class Simulation:
             events=events, artifacts=max((sn.counts["artifacts"] for sn in snaps), default=0),
             requests=dict(sorted(self.metrics.requests.items())), requests_total=requests,
             bytes=self.metrics.bytes, notifications=self.metrics.notifications,
+            answers=self.metrics.answers,
             rounds=self.metrics.rounds, rounds_failed=self.metrics.rounds_failed,
             applies=self.metrics.applies, replays=self.metrics.replays,
             tampered=self.metrics.tampered, skipped_writes=self.metrics.skipped_writes,
