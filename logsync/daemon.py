@@ -48,6 +48,7 @@ from logsync.defaults import (
 )
 from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError, LogsyncError, PeerTransientError, StoreError
+from logsync.holders import Holders
 from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop
 from logsync.peerstate import PeerBook, PeerState
 from logsync.push import PushReport
@@ -111,6 +112,7 @@ class _PeerTask:
     scope: anyio.CancelScope
     loop: PeerLoop
     wake: anyio.Event = field(default_factory=anyio.Event)
+    replica: str | None = None  # the peer's replica id, from its last full round
 
     @property
     def label(self) -> str:
@@ -142,6 +144,7 @@ class Daemon:
         self._rng = rng or random.Random()
         self._tasks: dict[str, _PeerTask] = {}
         self.claims = Claims()  # origins being pulled, shared by every peer's loop
+        self.holders = Holders()  # what each peer holds: no stream frame for it
         self.store_fault: str | None = None  # a local store fault: pulls pause, /sync/* 503
         self.identity_change: str | None = None  # why the daemon stopped itself, if it did
         self._next_store_check = 0.0
@@ -161,6 +164,7 @@ class Daemon:
             lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, ws="none",
             **uvicorn_limits(),  # head deadline, connection cap, keep-alive (server.limits)
         ))
+        self.app.state.holders = self.holders  # read by the change stream
         # Event streams end by themselves once uvicorn is told to exit (no cancel, no
         # traceback); Daemon._on_signals may also call app.state.logsync.begin_shutdown().
         self.app.state.logsync.exit_probe = lambda: self.server.should_exit
@@ -336,7 +340,8 @@ class Daemon:
 
     async def _watch(self, task: _PeerTask) -> None:
         await watch_stream(task.peer.url, task.peer.token, task.note, rng=self._rng,
-                           verify=tls_context(True, self.config.ca_file))
+                           verify=tls_context(True, self.config.ca_file),
+                           replica=self.store.replica_id)
 
     # ── one peer ──────────────────────────────────────────────────────
 
@@ -371,6 +376,7 @@ class Daemon:
             if isinstance(plan, NoRound):  # nothing to pull now: no request, no news
                 return
             failure: Exception | None = None
+            live = self.holders.running(task.replica, report) if task.replica else None
             async with anyio.create_task_group() as watcher:
                 watcher.start_soon(self._catching_up, task, state, report)
                 try:
@@ -385,6 +391,12 @@ class Daemon:
                     failure = exc
                 finally:
                     watcher.cancel_scope.cancel()
+                    if live is not None:
+                        self.holders.finished(live)
+                    elif report.peer_replica:  # a first full round: noted at its end
+                        self.holders.note(report.peer_replica,
+                                          {o: p.reached for o, p in report.origins.items()})
+            task.replica = report.peer_replica or task.replica
             if failure is not None:
                 raise failure
         except Exception as exc:  # noqa: BLE001 - invariant 9: nothing leaves this loop

@@ -28,6 +28,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from logsync.errors import StoreError
+from logsync.ids import is_replica_id
+from logsync.wire import REPLICA_HEADER
 
 logger = logging.getLogger("logsync.server")
 
@@ -185,7 +187,19 @@ async def logstream_stream(request: Request) -> Response:
         return start, latest
 
     start, latest = await srv.run(check)
-    return _EventStream(srv, filters, start, latest)
+    subscriber = request.headers.get(REPLICA_HEADER)
+    holders = getattr(request.app.state, "holders", None)  # a daemon's `holders.Holders`
+    held = None
+    if holders is not None and is_replica_id(subscriber):
+        holders.forget(subscriber)  # a new stream: it may have restarted from a backup
+        held = functools.partial(_held, holders, subscriber)
+    return _EventStream(srv, filters, start, latest, held)
+
+
+def _held(holders: Any, subscriber: str, event: Mapping[str, Any]) -> bool:
+    """No frame for an op the subscriber is known to hold (`logsync.holders`)."""
+    seq = event.get("origin_seq")
+    return isinstance(seq, int) and holders.holds(subscriber, event.get("origin_replica"), seq)
 
 
 class _SendTimeout(Exception):
@@ -196,9 +210,11 @@ class _EventStream(Response):
     """One SSE client: takes a slot, streams, and frees the slot the moment it leaves."""
 
     def __init__(self, srv: StreamHost, filters: dict, cursor: str | None,
-                 latest: str | None) -> None:
+                 latest: str | None,
+                 held: Callable[[Mapping[str, Any]], bool] | None = None) -> None:
         super().__init__(status_code=200)
         self.srv, self.filters, self.cursor, self.latest = srv, filters, cursor, latest
+        self.held = held
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         srv = self.srv
@@ -287,7 +303,10 @@ class _EventStream(Response):
             )
             if events:
                 self.cursor = events[-1]["id"]
-                yield b"".join(_frame(event) for event in events)
+                held = self.held
+                frames = b"".join(_frame(e) for e in events if held is None or not held(e))
+                if frames:
+                    yield frames
             elif self.cursor is None and seen is not None:
                 # Nothing matched in a log that was empty at connect: resume after what we saw.
                 self.cursor = seen

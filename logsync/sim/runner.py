@@ -243,13 +243,18 @@ class Simulation:
 
     def notify_change(self, node: SimNode, tops: tuple[tuple[str, int], ...],
                       source: str | None = None) -> None:
-        """Send the change to every subscriber, as an SSE frame. The frame to the peer the
-        ops were just pulled from is counted but not simulated: it holds them already."""
+        """Send the change to every subscriber, as an SSE frame naming what it is not known
+        to hold (`holders`, as the daemon's stream): none to the peer the ops were just
+        pulled from, none for a subscriber's own ops."""
+        if source is not None:
+            node.holders.note(self.nodes[source].replica_id, dict(tops))
         if self.scenario.sync.notify:
             for peer in node.subscribers:
-                self.metrics.notifications += 1
-                if peer != source:
-                    self.net.send(Message("notify", node.name, peer, self.next_mid(), tops=tops))
+                rid = self.nodes[peer].replica_id
+                named = tuple((o, t) for o, t in tops if not node.holders.holds(rid, o, t))
+                if named and peer != source:
+                    self.metrics.notifications += 1
+                    self.net.send(Message("notify", node.name, peer, self.next_mid(), tops=named))
         if self.phase == "liveness":
             self._check_converged()
 
@@ -302,6 +307,8 @@ class Simulation:
         expected = self.fault_ctx.expect_at_restart.pop(node.name, None)
         node.open()
         self.trace.log("node", f"{node.name} up (incarnation {node.incarnation})")
+        for other in self.nodes.values():  # its streams connect anew (`holders.forget`)
+            other.holders.forget(node.replica_id)
         for other in self.nodes.values():
             if other.up and node.name in other.pulls_from:
                 self.driver.reconnected(other, node.name)
@@ -320,6 +327,7 @@ class Simulation:
                 continue
             for peer in node.pulls_from:
                 if any(c.test(peer, node.name) or c.test(node.name, peer) for c in cuts):
+                    self.nodes[peer].holders.forget(node.replica_id)
                     self.driver.reconnected(node, peer)
 
     def take_backups(self) -> None:
