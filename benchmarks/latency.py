@@ -4,6 +4,8 @@ Two topologies, one run:
 
   daemon -> daemon  two `logsync serve` processes peered with each other
                     (default anti-entropy interval, change notifications on),
+                    three pairs (the streams' poll only, `--commit-check-ms 0`;
+                    no frame coalescing, `--coalesce-ms 0`; the defaults), each
                     measured twice: events appended to A's palace by this
                     process through the Store API, then by the CLI
                     (`logsync append` subprocesses, one per event). Both are
@@ -264,6 +266,8 @@ def summary(latencies: list[float]) -> dict[str, Any]:
 
 ROWS = (("daemon_to_daemon_poll", "  (poll only) API"),
         ("daemon_to_daemon_cli_poll", "  (poll only) CLI"),
+        ("daemon_to_daemon_eager", "  (no coalescing) API"),
+        ("daemon_to_daemon_cli_eager", "  (no coalescing) CLI"),
         ("daemon_to_daemon", "logsync -> logsync, API"),
         ("daemon_to_daemon_cli", "logsync -> logsync, CLI"),
         ("hub_to_daemon", "MemPalace hub -> logsync"),
@@ -274,7 +278,8 @@ def render(result: dict[str, Any]) -> list[str]:
     m = result["machine"]
     lines = [f"convergence latency, append on A -> stored on B ({m['cpus']} cpus, "
              f"load {m['loadavg_1m']}; daemon interval {result['interval_s']:.0f} s, "
-             "notifications on; poll only: --commit-check-ms 0, the streams' 100 ms poll)"]
+             "notifications on; poll only: --commit-check-ms 0, the streams' 100 ms poll; "
+             "no coalescing: --coalesce-ms 0)"]
     for key, label in ROWS:
         s = result.get(key)
         if s is None:
@@ -302,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Bench(keep=args.keep) as bench:
             poll = daemon_to_daemon(bench, args, "-poll", ("--commit-check-ms", "0"))
+            eager = daemon_to_daemon(bench, args, "-eager", ("--coalesce-ms", "0"))
             d2d = daemon_to_daemon(bench, args)
             h2d, h2h = [], []
             if not args.no_hub:
@@ -317,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
               "daemon_to_daemon_cli": summary(d2d["cli"]),
               "daemon_to_daemon_poll": summary(poll["store_api"]),
               "daemon_to_daemon_cli_poll": summary(poll["cli"]),
+              "daemon_to_daemon_eager": summary(eager["store_api"]),
+              "daemon_to_daemon_cli_eager": summary(eager["cli"]),
               "hub_to_daemon": summary(h2d) if h2d else None,
               "hub_to_hub_upstream": summary(h2h) if h2h else None,
               "upstream_poll_s": UPSTREAM_POLL_S, "machine": machine()}

@@ -40,6 +40,7 @@ from logsync import peers as peers_mod
 from logsync import progress
 from logsync.client import PeerClient, tls_context
 from logsync.defaults import (
+    DEFAULT_COALESCE_S,
     DEFAULT_DEBOUNCE_S,
     DEFAULT_HOST,
     DEFAULT_INTERVAL_S,
@@ -85,6 +86,7 @@ class DaemonConfig:
     extra_hosts: tuple[str, ...] = ()
     snapshot: bool = True  # an empty store joins from a peer's snapshot (RFC 004 §4.11)
     commit_check: float = COMMIT_CHECK_S  # other processes' commits (0: the streams' poll)
+    coalesce: float = DEFAULT_COALESCE_S  # a stream's frames within this of its last: batched
 
     def check(self) -> None:
         """Refuse settings that would expose the log or half-configure TLS."""
@@ -99,6 +101,9 @@ class DaemonConfig:
             raise ConfigError(f"port={self.port} is invalid: must be 0-65535")
         if self.interval <= 0:
             raise ConfigError(f"interval={self.interval} is invalid: must be > 0 seconds")
+        if not 0 <= self.coalesce <= 1:
+            raise ConfigError(f"coalescing frames over {self.coalesce} s is invalid: must be "
+                              "0 (off) to 1 second")
         if not 0 <= self.commit_check <= 1:
             raise ConfigError(f"commit check every {self.commit_check} s is invalid: must be "
                               "0 (off) to 1 second")
@@ -165,6 +170,7 @@ class Daemon:
             **uvicorn_limits(),  # head deadline, connection cap, keep-alive (server.limits)
         ))
         self.app.state.holders = self.holders  # read by the change stream
+        self.app.state.frame_coalesce_s = config.coalesce
         # Event streams end by themselves once uvicorn is told to exit (no cancel, no
         # traceback); Daemon._on_signals may also call app.state.logsync.begin_shutdown().
         self.app.state.logsync.exit_probe = lambda: self.server.should_exit

@@ -1,11 +1,15 @@
-"""`holders.Holders` (what each peer is known to hold) and the stream frames it spares."""
+"""`holders.Holders` (what each peer is known to hold) and the stream frames it spares;
+frames coalesced over a window (`--coalesce-ms`)."""
 
 from __future__ import annotations
 
 import random
+import socket
 import threading
+import time
 
 import anyio
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,7 +17,7 @@ from logsync.holders import Holders
 from logsync.report import OriginProgress, RoundReport
 from logsync.store import Store
 from logsync.watch import watch_stream
-from tests.test_server_limits import TOKEN, LiveApp
+from tests.test_server_limits import TOKEN, LiveApp, raw_stream
 
 P, Q = "rep_" + "a" * 32, "rep_" + "b" * 32
 O1, O2 = "rep_" + "1" * 32, "rep_" + "2" * 32
@@ -117,3 +121,45 @@ def test_the_stream_sends_no_frame_for_what_the_subscriber_holds(tmp_path) -> No
         live.srv.begin_shutdown()
     assert seen[None] == [1, 2]
     assert seen[P] == [2]
+
+
+def _chunks(sock: socket.socket, want_events: int, within: float) -> list[int]:
+    """Events per HTTP chunk (one chunk = one write of the stream) until `want_events`."""
+    sock.settimeout(within)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    body = data.split(b"\r\n\r\n", 1)[1]
+    counts: list[int] = []
+    while sum(counts) < want_events:
+        while b"\r\n" not in body:
+            body += sock.recv(65536)
+        size_line, rest = body.split(b"\r\n", 1)
+        size = int(size_line.split(b";")[0], 16)
+        while len(rest) < size + 2:
+            rest += sock.recv(65536)
+        chunk, body = rest[:size], rest[size + 2:]
+        if chunk.count(b"event: logstream"):
+            counts.append(chunk.count(b"event: logstream"))
+    return counts
+
+
+@pytest.mark.parametrize("coalesce", [0.0, 0.5])
+def test_frames_within_the_window_go_out_in_one_write(tmp_path, coalesce: float) -> None:
+    """The first change after a quiet spell is written at once; changes within the window
+    after it wait and go out together. With no window (the planted defect) each change
+    is its own write."""
+    with Store.open(tmp_path / "p") as store, LiveApp(store) as live:
+        live.app.state.frame_coalesce_s = coalesce
+        sock = raw_stream(live.port)
+        try:
+            time.sleep(0.3)  # connected
+            for body in ("one", "two", "three"):
+                store.append_event("t", "s", "r", "a@b", body=body)
+                live.srv.notifier.notify()
+                time.sleep(0.1)
+            counts = _chunks(sock, 3, 20)
+        finally:
+            sock.close()
+            live.srv.begin_shutdown()
+    assert counts == ([1, 2] if coalesce else [1, 1, 1])

@@ -95,6 +95,8 @@ class Simulation:
         self.queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
         self._order = 0
         self._mid = 0
+        self.last_frame: dict[tuple[str, str], int] = {}  # (node, subscriber) -> when (us)
+        self.pending_frames: dict[tuple[str, str], dict[str, int]] = {}  # waiting: o -> top
         self.metrics = Metrics()
         self.registry = Registry(len(scenario.nodes))
         self.registry.now_us = lambda: self.clock.now_us
@@ -253,10 +255,40 @@ class Simulation:
                 rid = self.nodes[peer].replica_id
                 named = tuple((o, t) for o, t in tops if not node.holders.holds(rid, o, t))
                 if named and peer != source:
-                    self.metrics.notifications += 1
-                    self.net.send(Message("notify", node.name, peer, self.next_mid(), tops=named))
+                    self._frame_to(node, peer, named)
         if self.phase == "liveness":
             self._check_converged()
+
+    def _frame_to(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...]) -> None:
+        """One frame now if the last to this subscriber is a window old (`sync.coalesce`,
+        the daemon's stream), else what it names waits for the window's end."""
+        key, now = (node.name, peer), self.clock.now_us
+        last = self.last_frame.get(key)
+        pending = self.pending_frames.get(key)
+        window = to_us(self.scenario.sync.coalesce)
+        if pending is None and (last is None or now - last >= window):
+            self._send_frame(node, peer, tops)
+            return
+        if pending is None:
+            pending = self.pending_frames[key] = {}
+            self.schedule(max(now, (last or now) + window), self._flush_frames,
+                          (node, peer, node.incarnation))
+        for origin, top in tops:
+            pending[origin] = max(pending.get(origin, 0), top)
+
+    def _flush_frames(self, node: SimNode, peer: str, incarnation: int) -> None:
+        pending = self.pending_frames.pop((node.name, peer), None)
+        if not pending or not node.up or node.incarnation != incarnation:
+            return  # the node went down meanwhile: its stream went with it
+        rid = self.nodes[peer].replica_id
+        tops = tuple((o, t) for o, t in pending.items() if not node.holders.holds(rid, o, t))
+        if tops:
+            self._send_frame(node, peer, tops)
+
+    def _send_frame(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...]) -> None:
+        self.last_frame[(node.name, peer)] = self.clock.now_us
+        self.metrics.notifications += 1
+        self.net.send(Message("notify", node.name, peer, self.next_mid(), tops=tops))
 
     # ── workload ──────────────────────────────────────────────────────
 
