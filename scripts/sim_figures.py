@@ -120,7 +120,8 @@ def broadcast_row(run: Run, r: SimReport) -> list[str]:
     return [(run.label or run.key) + (_bar(r) if run.graded else ""),
             _seconds(r.reach_median, 3) + " s",
             _seconds(r.reach_max, 3) + " s", _num(r.requests_per_event or 0, 1),
-            _num(per_op, 0 if per_op >= 100 else 1), f"{r.wall_seconds:.0f} s"]
+            _num(per_op, 0 if per_op >= 100 else 1), _num(r.messages_per_event or 0, 1),
+            f"{r.wall_seconds:.0f} s"]
 
 
 HEADERS = {
@@ -128,7 +129,7 @@ HEADERS = {
                 "reach every node, median / max (s)", "lost", "conflicts", "quarantined",
                 "wall (s)"],
     "broadcast": ["settings", "median", "max", "requests/op", "notifications/op",
-                  "wall clock"],
+                  "messages/op", "wall clock"],
 }
 ROW = {"library": library_row, "broadcast": broadcast_row}
 
