@@ -29,7 +29,6 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -39,13 +38,10 @@ from anyio.abc import TaskGroup
 from logsync import peers as peers_mod
 from logsync import progress
 from logsync.client import PeerClient, tls_context
+from logsync.daemonconfig import DaemonConfig
 from logsync.defaults import (
-    DEFAULT_COALESCE_S,
     DEFAULT_DEBOUNCE_S,
-    DEFAULT_HOST,
-    DEFAULT_INTERVAL_S,
     DEFAULT_ORIGINS_IN_FLIGHT,
-    DEFAULT_PORT,
 )
 from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError, LogsyncError, PeerTransientError, StoreError
@@ -54,8 +50,8 @@ from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop
 from logsync.peerstate import PeerBook, PeerState
 from logsync.push import PushReport
 from logsync.replica import identity_moved
-from logsync.server import create_app, is_loopback_host
-from logsync.server.commits import COMMIT_CHECK_S, CommitWatch
+from logsync.server import create_app
+from logsync.server.commits import CommitWatch
 from logsync.server.limits import check_tls, listen_socket, uvicorn_limits
 from logsync.store import Store
 from logsync.watch import watch_stream
@@ -69,44 +65,6 @@ STORE_CHECK_S = 5.0
 STATE_SAVE_S = 1.0  # peer state is saved (fsync) at most this often, off the pull loops
 LOGGED_ORIGIN_FAILURES = 3  # per round; the rest are counted in one line
 GRACEFUL_SHUTDOWN_S = 3.0  # event streams never end on their own; cut them after this
-
-
-@dataclass
-class DaemonConfig:
-    palace: Path
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    token: str | None = None
-    interval: float = DEFAULT_INTERVAL_S
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    ca_file: str | None = None
-    notifications: bool = True
-    log_level: str = "info"
-    extra_hosts: tuple[str, ...] = ()
-    snapshot: bool = True  # an empty store joins from a peer's snapshot (RFC 004 §4.11)
-    commit_check: float = COMMIT_CHECK_S  # other processes' commits (0: the streams' poll)
-    coalesce: float = DEFAULT_COALESCE_S  # a stream's frames within this of its last: batched
-
-    def check(self) -> None:
-        """Refuse settings that would expose the log or half-configure TLS."""
-        if not is_loopback_host(self.host) and not self.token:
-            raise ConfigError(
-                f"refusing to bind {self.host!r} without a token: a non-loopback bind "
-                "exposes every event and artifact; pass --token (or LOGSYNC_TOKEN)"
-            )
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ConfigError("--tls-cert and --tls-key go together: pass both or neither")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port={self.port} is invalid: must be 0-65535")
-        if self.interval <= 0:
-            raise ConfigError(f"interval={self.interval} is invalid: must be > 0 seconds")
-        if not 0 <= self.coalesce <= 1:
-            raise ConfigError(f"coalescing frames over {self.coalesce} s is invalid: must be "
-                              "0 (off) to 1 second")
-        if not 0 <= self.commit_check <= 1:
-            raise ConfigError(f"commit check every {self.commit_check} s is invalid: must be "
-                              "0 (off) to 1 second")
 
 
 @dataclass
