@@ -386,7 +386,7 @@ class Daemon:
             log.info("%s", progress.line("catching up from", task.label, snap,
                                          anyio.current_time() - began))
             state.record_progress(snap.done, snap.total, began_wall, time.time())
-            self._save_soon()
+            await anyio.to_thread.run_sync(self._save_state)  # its own task: no round waits
 
     def _round_failed(self, task: _PeerTask, state: PeerState, report: RoundReport,
                       exc: Exception) -> None:
