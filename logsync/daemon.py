@@ -29,7 +29,6 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -39,20 +38,20 @@ from anyio.abc import TaskGroup
 from logsync import peers as peers_mod
 from logsync import progress
 from logsync.client import PeerClient, tls_context
+from logsync.daemonconfig import DaemonConfig
 from logsync.defaults import (
     DEFAULT_DEBOUNCE_S,
-    DEFAULT_HOST,
-    DEFAULT_INTERVAL_S,
     DEFAULT_ORIGINS_IN_FLIGHT,
-    DEFAULT_PORT,
 )
 from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError, LogsyncError, PeerTransientError, StoreError
+from logsync.holders import Holders
 from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop
 from logsync.peerstate import PeerBook, PeerState
 from logsync.push import PushReport
 from logsync.replica import identity_moved
-from logsync.server import create_app, is_loopback_host
+from logsync.server import create_app
+from logsync.server.commits import CommitWatch
 from logsync.server.limits import check_tls, listen_socket, uvicorn_limits
 from logsync.store import Store
 from logsync.watch import watch_stream
@@ -63,38 +62,9 @@ PEERS_POLL_S = 1.0
 PUSH_POLL_S = 1.0  # how often a push peer's loop looks for a change in our log
 PUSH_BACKOFF_MAX_S = 300.0
 STORE_CHECK_S = 5.0
+STATE_SAVE_S = 1.0  # peer state is saved (fsync) at most this often, off the pull loops
 LOGGED_ORIGIN_FAILURES = 3  # per round; the rest are counted in one line
 GRACEFUL_SHUTDOWN_S = 3.0  # event streams never end on their own; cut them after this
-
-
-@dataclass
-class DaemonConfig:
-    palace: Path
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    token: str | None = None
-    interval: float = DEFAULT_INTERVAL_S
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    ca_file: str | None = None
-    notifications: bool = True
-    log_level: str = "info"
-    extra_hosts: tuple[str, ...] = ()
-    snapshot: bool = True  # an empty store joins from a peer's snapshot (RFC 004 §9.6)
-
-    def check(self) -> None:
-        """Refuse settings that would expose the log or half-configure TLS."""
-        if not is_loopback_host(self.host) and not self.token:
-            raise ConfigError(
-                f"refusing to bind {self.host!r} without a token: a non-loopback bind "
-                "exposes every event and artifact; pass --token (or LOGSYNC_TOKEN)"
-            )
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise ConfigError("--tls-cert and --tls-key go together: pass both or neither")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port={self.port} is invalid: must be 0-65535")
-        if self.interval <= 0:
-            raise ConfigError(f"interval={self.interval} is invalid: must be > 0 seconds")
 
 
 @dataclass
@@ -105,6 +75,7 @@ class _PeerTask:
     scope: anyio.CancelScope
     loop: PeerLoop
     wake: anyio.Event = field(default_factory=anyio.Event)
+    replica: str | None = None  # the peer's replica id, from its last full round
 
     @property
     def label(self) -> str:
@@ -136,10 +107,12 @@ class Daemon:
         self._rng = rng or random.Random()
         self._tasks: dict[str, _PeerTask] = {}
         self.claims = Claims()  # origins being pulled, shared by every peer's loop
+        self.holders = Holders()  # what each peer holds: no stream frame for it
         self.store_fault: str | None = None  # a local store fault: pulls pause, /sync/* 503
         self.identity_change: str | None = None  # why the daemon stopped itself, if it did
         self._next_store_check = 0.0
         self._store_healthy: anyio.Event | None = None  # made in run(): needs the loop
+        self._state_dirty: anyio.Event | None = None  # made in run(): a save is owed
         self._peers_signature: tuple[int, int] | None = ("unread",)  # type: ignore[assignment]
         self.app = create_app(
             self.store, token=config.token, peer_state_provider=self.peer_entries,
@@ -154,6 +127,8 @@ class Daemon:
             lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, ws="none",
             **uvicorn_limits(),  # head deadline, connection cap, keep-alive (server.limits)
         ))
+        self.app.state.holders = self.holders  # read by the change stream
+        self.app.state.frame_coalesce_s = config.coalesce
         # Event streams end by themselves once uvicorn is told to exit (no cancel, no
         # traceback); Daemon._on_signals may also call app.state.logsync.begin_shutdown().
         self.app.state.logsync.exit_probe = lambda: self.server.should_exit
@@ -164,13 +139,23 @@ class Daemon:
         """Serve and pull until SIGINT/SIGTERM."""
         self._store_healthy = anyio.Event()
         self._store_healthy.set()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._on_signals, tg)
-            pulls = anyio.CancelScope()
-            tg.start_soon(self._pull_all, pulls)
-            await self.server.serve()
-            pulls.cancel()
-            tg.cancel_scope.cancel()
+        self._state_dirty = anyio.Event()
+        commits = None
+        if self.config.commit_check > 0:  # a CLI append wakes the streams within ms
+            commits = CommitWatch(self.store.db_path, self.app.state.notifier.notify,
+                                  interval=self.config.commit_check)
+            commits.start()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._on_signals, tg)
+                pulls = anyio.CancelScope()
+                tg.start_soon(self._pull_all, pulls)
+                await self.server.serve()
+                pulls.cancel()
+                tg.cancel_scope.cancel()
+        finally:
+            if commits is not None:
+                commits.stop()
         self._save_state()
 
     async def _on_signals(self, tg: TaskGroup) -> None:
@@ -193,6 +178,7 @@ class Daemon:
             while not self.server.started and not self.server.should_exit:  # noqa: ASYNC110
                 await anyio.sleep(0.02)
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self._state_saver)
                 while True:
                     self._reload_peers(tg)
                     if self.store_fault is not None:
@@ -314,11 +300,12 @@ class Daemon:
                 for origin, reason in list(report.stopped().items())[:LOGGED_ORIGIN_FAILURES]:
                     log.warning("%s", _named(task.label, f"push of origin {origin} stopped: "
                                                          f"{reason}"))
-                await anyio.to_thread.run_sync(self._save_state)
+                self._save_soon()
 
     async def _watch(self, task: _PeerTask) -> None:
         await watch_stream(task.peer.url, task.peer.token, task.note, rng=self._rng,
-                           verify=tls_context(True, self.config.ca_file))
+                           verify=tls_context(True, self.config.ca_file),
+                           replica=self.store.replica_id)
 
     # ── one peer ──────────────────────────────────────────────────────
 
@@ -353,6 +340,7 @@ class Daemon:
             if isinstance(plan, NoRound):  # nothing to pull now: no request, no news
                 return
             failure: Exception | None = None
+            live = self.holders.running(task.replica, report) if task.replica else None
             async with anyio.create_task_group() as watcher:
                 watcher.start_soon(self._catching_up, task, state, report)
                 try:
@@ -367,6 +355,12 @@ class Daemon:
                     failure = exc
                 finally:
                     watcher.cancel_scope.cancel()
+                    if live is not None:
+                        self.holders.finished(live)
+                    elif report.peer_replica:  # a first full round: noted at its end
+                        self.holders.note(report.peer_replica,
+                                          {o: p.reached for o, p in report.origins.items()})
+            task.replica = report.peer_replica or task.replica
             if failure is not None:
                 raise failure
         except Exception as exc:  # noqa: BLE001 - invariant 9: nothing leaves this loop
@@ -377,7 +371,7 @@ class Daemon:
         else:
             task.loop.succeeded(report, anyio.current_time())
             self._record(task, state, report, full=isinstance(plan, FullRound))
-        await anyio.to_thread.run_sync(self._save_state)
+        self._save_soon()
 
     async def _catching_up(self, task: _PeerTask, state: PeerState,
                            report: RoundReport) -> None:
@@ -392,7 +386,7 @@ class Daemon:
             log.info("%s", progress.line("catching up from", task.label, snap,
                                          anyio.current_time() - began))
             state.record_progress(snap.done, snap.total, began_wall, time.time())
-            await anyio.to_thread.run_sync(self._save_state)
+            await anyio.to_thread.run_sync(self._save_state)  # its own task: no round waits
 
     def _round_failed(self, task: _PeerTask, state: PeerState, report: RoundReport,
                       exc: Exception) -> None:
@@ -437,6 +431,20 @@ class Daemon:
     def peer_entries(self) -> list[dict[str, Any]]:
         local = self.store.version_vector()
         return [s.as_upstream_peer_entry(local) for _, s in sorted(self.book.peers.items())]
+
+    def _save_soon(self) -> None:
+        """Owe a save of the peer state: `_state_saver` writes it, so no round waits for
+        an fsync (a frame arriving meanwhile is pulled at once); `run` saves at exit."""
+        if self._state_dirty is not None:
+            self._state_dirty.set()
+
+    async def _state_saver(self) -> None:
+        """Save the peer state when a round changed it, at most once per STATE_SAVE_S."""
+        while self._state_dirty is not None:
+            await self._state_dirty.wait()
+            self._state_dirty = anyio.Event()
+            await anyio.to_thread.run_sync(self._save_state)
+            await anyio.sleep(STATE_SAVE_S)
 
     def _save_state(self) -> None:
         try:

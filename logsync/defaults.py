@@ -7,3 +7,7 @@ DEFAULT_INTERVAL_S = 15.0
 # when it ends, so bursts still collapse); many origins can be pulled side by side.
 DEFAULT_DEBOUNCE_S = 0.0
 DEFAULT_ORIGINS_IN_FLIGHT = 32
+# A change stream writes a subscriber at most one batch of frames per this many seconds:
+# the first change after a quiet spell goes out at once, later ones in the window together
+# at its end (Plumtree's batched announcements; fewer frames, so fewer pulls).
+DEFAULT_COALESCE_S = 0.02

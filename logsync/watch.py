@@ -22,7 +22,7 @@ import httpx
 from logsync import __version__
 from logsync.answers import ACCEPT_ENCODING, encoding_problem
 from logsync.peers import redact_url
-from logsync.wire import ChangeFrame
+from logsync.wire import REPLICA_HEADER, ChangeFrame
 
 log = logging.getLogger("logsync.watch")
 
@@ -46,17 +46,22 @@ async def watch_stream(
     rng: random.Random,
     verify: bool | ssl.SSLContext = True,
     backoff_cap: float = 30.0,
+    replica: str | None = None,
 ) -> None:
     """Call `on_change(origin, origin_seq)` for every event frame; reconnect forever.
 
     A (re)connect is reported as `on_change(None, None)`: frames sent while we
-    were away are gone, and the stream starts at the newest event.
+    were away are gone, and the stream starts at the newest event. `replica` (ours)
+    is named in `wire.REPLICA_HEADER`: a logsync peer then sends no frame for an op
+    it knows we hold (`logsync.holders`).
     """
     delay = 1.0
     headers = {"Accept": "text/event-stream", "User-Agent": f"logsync/{__version__}",
                **ACCEPT_ENCODING}
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    if replica:
+        headers[REPLICA_HEADER] = replica
     timeout = httpx.Timeout(10.0, read=READ_TIMEOUT_S)
     async with httpx.AsyncClient(timeout=timeout, verify=verify, headers=headers) as http:
         while True:

@@ -38,6 +38,9 @@ ADVERTISED_TIPS = "tips"
 # through a MemPalace hub, which cannot carry signatures) adopts it, so it can serve
 # the origin on to peers that verify (`Store.adopt_tip_signatures`).
 ADVERTISED_TIP_SIGS = "tip_sigs"
+# A subscriber names its replica id on `/logstream/stream`, so a logsync server sends it no
+# frame for an op it is known to hold (`logsync.holders`); others ignore the header.
+REPLICA_HEADER = "X-Logsync-Replica"
 # ... and `"keys": {origin: public key hex}`, every origin key the server knows (its own
 # and those it pinned), so keys spread with the ops they sign (`logsync/pagechain.py`).
 ADVERTISED_KEYS = "keys"

@@ -74,13 +74,15 @@ def test_bootstrap_pulls_every_way_and_reports_ratios() -> None:
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_latency_reports_median_and_p99_for_each_topology() -> None:
     result = run_benchmark("latency", "--appends", "6", "--upstream-samples", "1")
-    for key in ("daemon_to_daemon", "hub_to_daemon", "hub_to_hub_upstream"):
+    for key in ("daemon_to_daemon", "daemon_to_daemon_cli", "daemon_to_daemon_poll",
+                "daemon_to_daemon_cli_poll", "hub_to_daemon", "hub_to_hub_upstream"):
         summary = result[key]
         expected = 1 if key == "hub_to_hub_upstream" else 6
         assert summary["count"] == expected, key
         assert 0 < summary["min_s"] <= summary["median_s"] <= summary["p99_s"] <= summary["max_s"]
     text = rendered("latency", result)
     assert "median" in text and "p99" in text and "MemPalace hub -> logsync" in text
+    assert "logsync -> logsync, CLI" in text and "lower than poll only" in text
 
 
 @pytest.mark.slow

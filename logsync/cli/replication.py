@@ -16,7 +16,7 @@ from logsync import peers as peers_mod
 from logsync import progress
 from logsync.cli._common import emit_json, handles_errors, json_option, open_store, palace_of
 from logsync.cli.group import cli
-from logsync.defaults import DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
+from logsync.defaults import DEFAULT_COALESCE_S, DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
 from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError
 from logsync.peerstate import PeerBook
@@ -46,6 +46,14 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
               help="CA bundle for verifying https peers.")
 @click.option("--no-notify", is_flag=True, help="Do not follow peers' /logstream/stream.")
+@click.option("--commit-check-ms", type=click.FloatRange(0, 1000), default=5.0,
+              show_default=True, help="How often to look for commits by other processes "
+              "(the CLI, an agent's store), so their events go out at once; 0: only the "
+              "event streams' 100 ms poll.")
+@click.option("--coalesce-ms", type=click.FloatRange(0, 1000), default=DEFAULT_COALESCE_S * 1000,
+              show_default=True, help="A change stream sends a subscriber at most one batch "
+              "of frames per this window (the first change after a quiet spell at once); "
+              "0: every change at once.")
 @click.option("--no-snapshot", is_flag=True, help="An empty store pulls op by op instead of "
               "joining from a peer's snapshot.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
@@ -56,7 +64,8 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
 def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host: str,
               port: int, token: str | None,
               interval: float, tls_cert: str | None, tls_key: str | None, ca_file: str | None,
-              no_notify: bool, no_snapshot: bool, log_level: str) -> None:
+              no_notify: bool, commit_check_ms: float, coalesce_ms: float,
+              no_snapshot: bool, log_level: str) -> None:
     """Serve this palace over /sync/* and pull from every peer in peers.json."""
     from logsync.daemon import DaemonConfig, serve  # the server stack loads only here
 
@@ -69,6 +78,7 @@ def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host:
         host=host, port=port, token=peers_mod.check_token(token, "--token (or LOGSYNC_TOKEN)"),
         interval=interval, tls_cert=tls_cert, tls_key=tls_key, ca_file=ca_file,
         notifications=not no_notify, log_level=log_level, snapshot=not no_snapshot,
+        commit_check=commit_check_ms / 1000, coalesce=coalesce_ms / 1000,
     )
     config.check()
 

@@ -56,7 +56,8 @@ side); a request without them gets upstream bytes, including the silent 500 cap:
 
 New events reach streams two ways: a ``ChangeNotifier`` that writers in this process poke
 (from the event loop or any thread), and a cheap shared poll of the newest event id every
-``sse_poll_s`` that catches writers in other processes.
+``sse_poll_s`` that catches writers in other processes. The daemon adds ``commits.CommitWatch``
+(``PRAGMA data_version`` every few ms), so another process's commit wakes streams at once.
 """
 
 from logsync.server.app import create_app

@@ -27,8 +27,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from logsync.defaults import DEFAULT_COALESCE_S
 from logsync.errorcodes import error_body
 from logsync.errors import StoreError
+from logsync.ids import is_replica_id
+from logsync.wire import REPLICA_HEADER
 
 logger = logging.getLogger("logsync.server")
 
@@ -46,6 +49,7 @@ SSE_FILTERS = (
 SSE_BATCH = 500
 SSE_RETRY_AFTER_S = 5
 SHUTDOWN_FLUSH_S = 0.5  # how long the last (empty) write of a stream may wait at shutdown
+COALESCE_S = DEFAULT_COALESCE_S  # frames within this long of the last write wait, batched
 
 
 class ChangeNotifier:
@@ -188,7 +192,20 @@ async def logstream_stream(request: Request) -> Response:
         return start, latest
 
     start, latest = await srv.run(check)
-    return _EventStream(srv, filters, start, latest)
+    subscriber = request.headers.get(REPLICA_HEADER)
+    holders = getattr(request.app.state, "holders", None)  # a daemon's `holders.Holders`
+    held = None
+    if holders is not None and is_replica_id(subscriber):
+        holders.forget(subscriber)  # a new stream: it may have restarted from a backup
+        held = functools.partial(_held, holders, subscriber)
+    coalesce = getattr(request.app.state, "frame_coalesce_s", COALESCE_S)  # a daemon's
+    return _EventStream(srv, filters, start, latest, held, coalesce)
+
+
+def _held(holders: Any, subscriber: str, event: Mapping[str, Any]) -> bool:
+    """No frame for an op the subscriber is known to hold (`logsync.holders`)."""
+    seq = event.get("origin_seq")
+    return isinstance(seq, int) and holders.holds(subscriber, event.get("origin_replica"), seq)
 
 
 class _SendTimeout(Exception):
@@ -199,9 +216,12 @@ class _EventStream(Response):
     """One SSE client: takes a slot, streams, and frees the slot the moment it leaves."""
 
     def __init__(self, srv: StreamHost, filters: dict, cursor: str | None,
-                 latest: str | None) -> None:
+                 latest: str | None,
+                 held: Callable[[Mapping[str, Any]], bool] | None = None,
+                 coalesce: float = COALESCE_S) -> None:
         super().__init__(status_code=200)
         self.srv, self.filters, self.cursor, self.latest = srv, filters, cursor, latest
+        self.held, self.coalesce = held, coalesce
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         srv = self.srv
@@ -266,12 +286,17 @@ class _EventStream(Response):
         srv = self.srv
         await send({"type": "http.response.body", "body": b"", "more_body": True})
         generation, seen, fetch = srv.notifier.generation, self.latest, True
-        last_write = time.monotonic()
+        last_write, last_frames = time.monotonic(), -math.inf
         while not srv.shutting_down():
             if fetch:
+                hold = last_frames + self.coalesce - time.monotonic()
+                if hold > 0:  # frames went out within the window: the next batch at its end
+                    await anyio.sleep(hold)
+                    if srv.shutting_down():
+                        return
                 async for frames in self._frames(seen):
                     await send({"type": "http.response.body", "body": frames, "more_body": True})
-                    last_write = time.monotonic()
+                    last_write = last_frames = time.monotonic()
             idle = time.monotonic() - last_write
             if idle >= srv.cfg.sse_heartbeat_s:
                 await send({"type": "http.response.body", "body": b": ping\n\n", "more_body": True})
@@ -291,7 +316,10 @@ class _EventStream(Response):
             )
             if events:
                 self.cursor = events[-1]["id"]
-                yield b"".join(_frame(event) for event in events)
+                held = self.held
+                frames = b"".join(_frame(e) for e in events if held is None or not held(e))
+                if frames:
+                    yield frames
             elif self.cursor is None and seen is not None:
                 # Nothing matched in a log that was empty at connect: resume after what we saw.
                 self.cursor = seen

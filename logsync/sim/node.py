@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from logsync import hlc as hlc_mod
+from logsync.holders import Holders
 from logsync.sim.clock import NodeClock, VirtualClock
 from logsync.sim.trace import Trace
 from logsync.store import Store
@@ -98,6 +99,7 @@ class SimNode:
         self.incarnation = 0
         self.pulls_from: list[str] = []
         self.subscribers: list[str] = []
+        self.holders = Holders()  # what each subscriber is known to hold (the daemon's)
         self.vv: dict[str, int] = {}
         self.hlcs: list[str] = []
         self.inbox: dict[str, list[Ask]] = {}
@@ -124,6 +126,7 @@ class SimNode:
                                 replica_id=self.replica_id)
         self.up = True
         self.incarnation += 1
+        self.holders = Holders()  # a daemon's memory: gone with a restart
         self.store_changed()
         self.vv = self.stored_vector()
         self.hlcs, self.inbox = [], {}

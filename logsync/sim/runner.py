@@ -44,8 +44,8 @@ from logsync.sim.trace import Trace
 @dataclass
 class Metrics:
     requests: dict[str, int] = field(default_factory=dict)
+    answers: int = 0  # answers sent (a lost request gets none)
     bytes: int = 0
-    answers: int = 0  # answers sent (a lost or cut request gets none)
     notifications: int = 0
     rounds: int = 0
     rounds_failed: int = 0
@@ -97,6 +97,8 @@ class Simulation:
         self.queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
         self._order = 0
         self._mid = 0
+        self.last_frame: dict[tuple[str, str], int] = {}  # (node, subscriber) -> when (us)
+        self.pending_frames: dict[tuple[str, str], dict[str, int]] = {}  # waiting: o -> top
         self.metrics = Metrics()
         self.registry = Registry(len(scenario.nodes))
         self.registry.now_us = lambda: self.clock.now_us
@@ -260,15 +262,50 @@ class Simulation:
 
     def notify_change(self, node: SimNode, tops: tuple[tuple[str, int], ...],
                       source: str | None = None) -> None:
-        """Send the change to every subscriber, as an SSE frame. The frame to the peer the
-        ops were just pulled from is counted but not simulated: it holds them already."""
+        """Send the change to every subscriber, as an SSE frame naming what it is not known
+        to hold (`holders`, as the daemon's stream): none to the peer the ops were just
+        pulled from, none for a subscriber's own ops."""
+        if source is not None:
+            node.holders.note(self.nodes[source].replica_id, dict(tops))
         if self.scenario.sync.notify:
             for peer in node.subscribers:
-                self.metrics.notifications += 1
-                if peer != source:
-                    self.net.send(Message("notify", node.name, peer, self.next_mid(), tops=tops))
+                rid = self.nodes[peer].replica_id
+                named = tuple((o, t) for o, t in tops if not node.holders.holds(rid, o, t))
+                if named and peer != source:
+                    self._frame_to(node, peer, named)
         if self.phase == "liveness":
             self._check_converged()
+
+    def _frame_to(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...]) -> None:
+        """One frame now if the last to this subscriber is a window old (`sync.coalesce`,
+        the daemon's stream), else what it names waits for the window's end."""
+        key, now = (node.name, peer), self.clock.now_us
+        last = self.last_frame.get(key)
+        pending = self.pending_frames.get(key)
+        window = to_us(self.scenario.sync.coalesce)
+        if pending is None and (last is None or now - last >= window):
+            self._send_frame(node, peer, tops)
+            return
+        if pending is None:
+            pending = self.pending_frames[key] = {}
+            self.schedule(max(now, (last or now) + window), self._flush_frames,
+                          (node, peer, node.incarnation))
+        for origin, top in tops:
+            pending[origin] = max(pending.get(origin, 0), top)
+
+    def _flush_frames(self, node: SimNode, peer: str, incarnation: int) -> None:
+        pending = self.pending_frames.pop((node.name, peer), None)
+        if not pending or not node.up or node.incarnation != incarnation:
+            return  # the node went down meanwhile: its stream went with it
+        rid = self.nodes[peer].replica_id
+        tops = tuple((o, t) for o, t in pending.items() if not node.holders.holds(rid, o, t))
+        if tops:
+            self._send_frame(node, peer, tops)
+
+    def _send_frame(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...]) -> None:
+        self.last_frame[(node.name, peer)] = self.clock.now_us
+        self.metrics.notifications += 1
+        self.net.send(Message("notify", node.name, peer, self.next_mid(), tops=tops))
 
     # ── workload ──────────────────────────────────────────────────────
 
@@ -319,6 +356,8 @@ class Simulation:
         expected = self.fault_ctx.expect_at_restart.pop(node.name, None)
         node.open()
         self.trace.log("node", f"{node.name} up (incarnation {node.incarnation})")
+        for other in self.nodes.values():  # its streams connect anew (`holders.forget`)
+            other.holders.forget(node.replica_id)
         for other in self.nodes.values():
             if other.up and node.name in other.pulls_from:
                 self.driver.reconnected(other, node.name)
@@ -337,6 +376,7 @@ class Simulation:
                 continue
             for peer in node.pulls_from:
                 if any(c.test(peer, node.name) or c.test(node.name, peer) for c in cuts):
+                    self.nodes[peer].holders.forget(node.replica_id)
                     self.driver.reconnected(node, peer)
 
     def take_backups(self) -> None:

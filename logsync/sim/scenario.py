@@ -262,6 +262,7 @@ def _read_sync(t: Table) -> SyncSpec:
         retry_max=t.duration("retry_max", d.retry_max),
         max_page=t.integer("max_page", d.max_page, low=1, high=100_000),
         origins_in_flight=t.integer("origins_in_flight", d.origins_in_flight, low=1, high=1000),
+        coalesce=t.duration("coalesce", d.coalesce),
     )
     return spec
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from logsync.defaults import DEFAULT_DEBOUNCE_S, DEFAULT_ORIGINS_IN_FLIGHT
+from logsync.defaults import DEFAULT_COALESCE_S, DEFAULT_DEBOUNCE_S, DEFAULT_ORIGINS_IN_FLIGHT
 from logsync.errors import ConfigError
 from logsync.hostile import SIM_KINDS
 
@@ -70,6 +70,7 @@ class SyncSpec:
     retry_max: float = 10.0
     max_page: int = 5000
     origins_in_flight: int = DEFAULT_ORIGINS_IN_FLIGHT
+    coalesce: float = DEFAULT_COALESCE_S  # frames to one subscriber: one batch per window
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ NETWORK_KEYS = LINK_KEYS
 SYNC_KEYS = (
     "mode", "interval", "jitter", "debounce", "backoff_base", "backoff_cap", "notify",
     "page_limit", "extensions", "timeout", "attempts", "retry_backoff", "retry_max",
-    "max_page", "origins_in_flight",
+    "max_page", "origins_in_flight", "coalesce",
 )
 WORKLOAD_KEYS = ("nodes", "rate", "from", "until", "mix", "patch_bytes")
 FAULT_KEYS = (

@@ -1,0 +1,55 @@
+"""`logsync serve`'s settings and their checks (one sentence naming the value and the rule);
+kept apart from the daemon so the CLI and tests build one without the server stack."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from logsync.defaults import (
+    DEFAULT_COALESCE_S,
+    DEFAULT_HOST,
+    DEFAULT_INTERVAL_S,
+    DEFAULT_PORT,
+)
+from logsync.errors import ConfigError
+from logsync.server import is_loopback_host
+from logsync.server.commits import COMMIT_CHECK_S
+
+
+@dataclass
+class DaemonConfig:
+    palace: Path
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    interval: float = DEFAULT_INTERVAL_S
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    ca_file: str | None = None
+    notifications: bool = True
+    log_level: str = "info"
+    extra_hosts: tuple[str, ...] = ()
+    snapshot: bool = True  # an empty store joins from a peer's snapshot (RFC 004 §9.6)
+    commit_check: float = COMMIT_CHECK_S  # other processes' commits (0: the streams' poll)
+    coalesce: float = DEFAULT_COALESCE_S  # a stream's frames within this of its last: batched
+
+    def check(self) -> None:
+        """Refuse settings that would expose the log or half-configure TLS."""
+        if not is_loopback_host(self.host) and not self.token:
+            raise ConfigError(
+                f"refusing to bind {self.host!r} without a token: a non-loopback bind "
+                "exposes every event and artifact; pass --token (or LOGSYNC_TOKEN)"
+            )
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("--tls-cert and --tls-key go together: pass both or neither")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port={self.port} is invalid: must be 0-65535")
+        if self.interval <= 0:
+            raise ConfigError(f"interval={self.interval} is invalid: must be > 0 seconds")
+        if not 0 <= self.coalesce <= 1:
+            raise ConfigError(f"coalescing frames over {self.coalesce} s is invalid: must be "
+                              "0 (off) to 1 second")
+        if not 0 <= self.commit_check <= 1:
+            raise ConfigError(f"commit check every {self.commit_check} s is invalid: must be "
+                              "0 (off) to 1 second")

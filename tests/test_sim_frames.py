@@ -1,0 +1,54 @@
+"""Change frames in the simulator: counted as Maelstrom counts messages, none to a peer
+known to hold the op, batched per subscriber within `sync.coalesce`."""
+
+from __future__ import annotations
+
+from logsync.sim import parse_scenario, run_scenario
+
+MESH = """
+name = "frames"
+duration = "6s"
+[nodes]
+count = 5
+[topology]
+kind = "full-mesh"
+[network]
+latency = "20ms"
+[sync]
+interval = "2s"
+coalesce = "{coalesce}"
+[[workload]]
+rate = 40
+[expect]
+converge_within = "10s"
+"""
+
+
+def run(coalesce: str):  # noqa: ANN201 - a SimReport
+    return run_scenario(parse_scenario(MESH.format(coalesce=coalesce),
+                                       source="frames.toml").with_seed(2))
+
+
+def test_messages_are_requests_answers_and_frames() -> None:
+    report = run("0ms")
+    assert report.ok, report.text()
+    assert report.messages_total == report.requests_total + report.answers + report.notifications
+    assert 0 < report.answers <= report.requests_total
+    assert report.as_dict()["messages"]["per_event"] == round(report.messages_per_event, 4)
+    assert "messages" in report.text()
+
+
+def test_coalesced_frames_are_fewer_and_lose_nothing() -> None:
+    eager, batched = run("0ms"), run("200ms")
+    assert eager.ok and batched.ok, batched.text()
+    assert eager.lost == batched.lost == 0
+    assert batched.notifications < eager.notifications * 0.7
+
+
+def test_no_frame_names_an_op_its_subscriber_holds() -> None:
+    """A frame never goes to the origin of every op it names, nor back to the peer the
+    ops were pulled from: in a two-node pair every frame is about the sender's own op."""
+    pair = MESH.replace("count = 5", "count = 2").format(coalesce="0ms")
+    report = run_scenario(parse_scenario(pair, source="pair.toml").with_seed(2))
+    assert report.ok, report.text()
+    assert report.notifications == report.events  # one frame per op, to the other node
