@@ -60,11 +60,17 @@ _ORIGIN, _SEQ = ROW_COLUMNS.index("origin_replica"), ROW_COLUMNS.index("origin_s
 _ENABLED = True
 # Every origin of the events table, by skipping along the (origin_replica, origin_seq)
 # index: one seek per origin, not a scan.
-ORIGINS_SQL = (
-    "WITH RECURSIVE o(x) AS (SELECT min(origin_replica) FROM events UNION ALL "
-    "SELECT (SELECT min(origin_replica) FROM events WHERE origin_replica > x) FROM o "
-    "WHERE x IS NOT NULL) SELECT x FROM o WHERE x IS NOT NULL"
+# The origins held, one index seek each (events_origin_seq_idx), however many ops.
+_ORIGIN_WALK = (
+    "WITH RECURSIVE o(x) AS (SELECT min(origin_replica) FROM events WHERE origin_replica "
+    "IS NOT NULL UNION ALL SELECT (SELECT min(origin_replica) FROM events WHERE "
+    "origin_replica > x) FROM o WHERE x IS NOT NULL) "
 )
+ORIGINS_SQL = _ORIGIN_WALK + "SELECT x FROM o WHERE x IS NOT NULL"
+# The version vector: each origin's top by a second seek (a GROUP BY reads every op's
+# index entry: 66 ms at a million events, read every round).
+VECTOR_SQL = (_ORIGIN_WALK + "SELECT x AS origin_replica, (SELECT max(origin_seq) FROM events "
+              "WHERE origin_replica = x) AS top FROM o WHERE x IS NOT NULL")
 
 
 def chain_tip(conn: sqlite3.Connection, origin: str) -> tuple[int, bytes] | None:

@@ -20,6 +20,7 @@ from logsync.errors import (
 )
 from logsync.store.apply import REFUSED_OWN_TOP_SQL
 from logsync.store.audit import AuditReport, audit_store
+from logsync.store.chaining import VECTOR_SQL
 from logsync.store.faults import describe_fault
 from logsync.store.ledgers import check_origin, conflict_filter
 from logsync.store.rows import artifact_dict, chunks, event_dicts, ledger_dict
@@ -196,10 +197,7 @@ class Reads:
         return max(int(held[0][0]), int(refused[0][0]))
 
     def version_vector(self) -> dict[str, int]:
-        rows = self._read(
-            "SELECT origin_replica, max(origin_seq) AS top FROM events "
-            "WHERE origin_replica IS NOT NULL GROUP BY origin_replica"
-        )
+        rows = self._read(VECTOR_SQL)
         return {r["origin_replica"]: int(r["top"]) for r in rows if r["top"] is not None}
 
     def list_ops(
