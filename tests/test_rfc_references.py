@@ -234,7 +234,7 @@ def test_the_document_checkers_catch_what_they_must(tmp_path: Path) -> None:
         "rep_59afec6145ceb05a9b04c967951dad66 evt_20260921T141320_d5cc2ccf8756 "
         "b0275847cc37e4ecf0407b6c6d913313e3a50b322e11ef59b7d2006e222ac48d 1790000000008 "
         "0xFFFFFF deadbeef 1e+16 -000000-") == []
-    assert outside_paths("see ../shared/notes.md\nand docs/x.md") == ["see ../shared/notes.md"]
+    assert outside_paths("see ../outside/notes.md\nand docs/x.md") == ["see ../outside/notes.md"]
     doc = tmp_path / "d.md"
     assert broken_links(doc, "[a](nope.md) [b](https://x.org/y) [c](#top)") == ["nope.md"]
     assert broken_links(DOCS / "rfc-004.md", "[r](rfc-004.md#a) [u](../../etc/passwd)") == [
