@@ -107,6 +107,27 @@ def test_a_push_without_the_token_is_refused(laptop: Store, desk: Store) -> None
     assert laptop.replica_id not in desk.version_vector()
 
 
+def test_a_push_that_is_not_json_by_its_content_type_is_415(laptop: Store, desk: Store) -> None:
+    """RFC 004 §7.5: a pushed page is `application/json`; anything else is 415
+    `unsupported_media_type` before the body is read, and nothing is stored."""
+    write(laptop, 1)
+    body = laptop_page(laptop)
+
+    async def go(ctype: str | None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {TOKEN}", "Logsync-Errors": "codes"}
+        if ctype is not None:
+            headers["Content-Type"] = ctype
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(
+                app=create_app(desk, token=TOKEN)), base_url=URL) as c:
+            return await c.post("/sync/push", content=body, headers=headers)
+    for ctype in ("text/plain", "application/msgpack", None):
+        answer = anyio.run(go, ctype)
+        assert answer.status_code == 415 and answer.json()["error"] == "unsupported_media_type"
+    assert laptop.replica_id not in desk.version_vector()
+    assert anyio.run(go, "application/json; charset=utf-8").status_code == 200
+    assert desk.version_vector()[laptop.replica_id] == 1
+
+
 def laptop_page(store: Store, after: int = 0) -> bytes:
     from logsync.responder import push_page
     return push_page(store, store.replica_id, after, 500, 1 << 20, store.replica_id).body

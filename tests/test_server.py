@@ -183,6 +183,7 @@ async def test_unknown_route_is_404_json_and_wrong_method_405(store: Store) -> N
         ("evil.example:8765", 403),
         ("127.0.0.1:9999", 403),
         ("127.0.0.1.evil.example", 403),
+        ("::1:8765", 403),  # an IPv6 literal takes a port only in brackets
     ],
 )
 async def test_loopback_bind_pins_host(store: Store, host: str, status: int) -> None:

@@ -224,8 +224,8 @@ def _allowed_host_values(bind_host: str, port: int | None, extra: Iterable[str])
     """Upstream's pin: loopback names and the bind host, with and without the port."""
     names = set(LOOPBACK_NAMES) | ({bind_host.strip().lower()} if bind_host else set())
     values = set(names)
-    if port is not None:
-        values |= {f"{name}:{port}" for name in names}
+    if port is not None:  # an IPv6 literal takes a port only in brackets: `[::1]:8742`
+        values |= {f"{name}:{port}" for name in names if ":" not in name or name[0] == "["}
     for raw in extra:
         entry = raw.strip().lower()
         if entry:
@@ -241,7 +241,9 @@ def _host_allowed(host: str, allowed: frozenset[str], port: int | None) -> bool:
     if port is not None:
         return False
     name, sep, port_text = host.rpartition(":")
-    return bool(sep) and port_text.isdigit() and name in allowed and not name.endswith(":")
+    bare_v6 = ":" in name and not name.startswith("[")  # `::1:8742` is no Host value
+    return (bool(sep) and port_text.isdigit() and name in allowed and not name.endswith(":")
+            and not bare_v6)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:

@@ -11,9 +11,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from logsync.answers import MAX_CONTAINERS, count_containers
+from logsync.errors import shorten
 from logsync.ids import is_replica_id
 from logsync.pushed import MAX_PUSH_BYTES, PUSHES_AT_ONCE, accept_push, push_answer_summary
 from logsync.server.common import BodyRefused, _error, _json, _Server, read_body
+from logsync.wire import PUSH_PATH
 
 logger = logging.getLogger("logsync.server")
 
@@ -31,6 +33,10 @@ async def sync_push(request: Request) -> Response:
     if not srv.cfg.token:
         return _error(403, "this replica takes pushes only from authenticated peers and has "
                            "no token: serve it with --token, or let it pull from you")
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        return _error(415, f"POST {PUSH_PATH} takes an application/json page, not "
+                           f"{shorten(ctype or 'no Content-Type')}")
     async with _slots(srv):  # bodies in memory at once are bounded, whoever pushes
         try:
             raw = await read_body(request, MAX_PUSH_BYTES, srv.cfg.body_timeout_s)
