@@ -27,6 +27,16 @@ by `created_at`, then by `id`. Claims by the same agent count once, at its earli
 The winner is a function of the set of claims alone, so every replica that holds
 the same claims names the same winner, however they arrived.
 
+**Yielding** (R3's loser step): a losing claimant L of C still has to yield until it
+writes an event with `correlation_id == C` and `status == "superseded"` that happened
+after its claim; `claims` lists those who have not (`must_yield`).
+
+**Expiry** (R2): an ask may carry `metadata.expires_at`, a UTC time as `created_at`
+spells it (`YYYY-MM-DDTHH:MM:SSZ`). `split_expired` separates the owed asks whose time is
+at or before `now` from those still to act on; any other value never expires. Expiry
+depends on the reader's clock, so it is kept out of `owed` itself, which every replica
+must compute alike.
+
 **Presence** (R5): per `from_agent`, the newest event it wrote: greatest HLC; an
 agent's events without an HLC count only when it has none with one, then by
 `created_at`, then by `id`.
@@ -34,6 +44,7 @@ agent's events without an HLC count only when it has none with one, then by
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -134,15 +145,48 @@ def _merge_key(event: Event) -> tuple[Any, ...]:
 
 
 def claims(events: Iterable[Event], correlation_id: str) -> dict[str, Any]:
-    """Every claim on one correlation id and its winner (R3)."""
-    found = [dict(e) for e in events
-             if e.get("correlation_id") == correlation_id and e.get("status") == "claimed"]
+    """Every claim on one correlation id, its winner, and the losers that have not yet
+    yielded with a `superseded` event (R3)."""
+    found: list[dict[str, Any]] = []
+    yielded: list[Event] = []
+    for event in events:
+        if event.get("correlation_id") != correlation_id:
+            continue
+        if event.get("status") == "claimed":
+            found.append(dict(event))
+        elif event.get("status") == "superseded":
+            yielded.append(event)
     ordered = _first_per_agent(sorted(found, key=_merge_key))
+    must_yield = [claim for claim in ordered[1:] if not any(
+        y.get("from_agent") == claim.get("from_agent") and happened_after(y, claim)
+        for y in yielded)]
     return {
         "correlation_id": correlation_id,
         "winner": ordered[0] if ordered else None,
         "claims": ordered,
+        "must_yield": must_yield,
     }
+
+
+def split_expired(asks: Iterable[Event], now: str) -> tuple[list[dict[str, Any]],
+                                                              list[dict[str, Any]]]:
+    """(still to act on, expired) from owed asks, against `now` (R2, the module rules)."""
+    live: list[dict[str, Any]] = []
+    gone: list[dict[str, Any]] = []
+    for ask in asks:
+        meta = ask.get("metadata")
+        when = meta.get("expires_at") if isinstance(meta, Mapping) else None
+        expired = is_utc_stamp(when) and when <= now
+        (gone if expired else live).append(dict(ask))
+    return live, gone
+
+
+_UTC_STAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
+
+
+def is_utc_stamp(value: object) -> bool:
+    """Whether `value` spells a UTC time as `created_at` does."""
+    return isinstance(value, str) and _UTC_STAMP.fullmatch(value) is not None
 
 
 def _first_per_agent(ordered: list[dict[str, Any]]) -> list[dict[str, Any]]:

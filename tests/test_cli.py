@@ -426,3 +426,23 @@ def test_subprocess_errors_and_env_palace(palace: Path) -> None:
     assert broken.returncode == 1
     assert broken.stderr.startswith(b"Error: cannot open ")
     assert broken.stderr.count(b"\n") == 1
+
+
+def test_owed_lists_an_expired_ask_apart_and_claims_names_who_must_yield(run) -> None:
+    """R2 and R3 as views through the CLI: `owed --now` and `claims`."""
+    base = ["append", "--type", "task.request", "--stream", "s", "--room", "r",
+            "--from-agent", "boss@a", "--to-agent", "pi@b", "--status", "open"]
+    run(*base, "--metadata", '{"expires_at": "2026-01-01T00:00:00Z"}')
+    run(*base, "--metadata", '{"expires_at": "2030-01-01T00:00:00Z"}')
+    result = run("owed", "--agent", "pi@b", "--now", "2026-12-01T00:00:00Z", "--json")
+    data = json.loads(result.output)
+    assert data["count"] == 1 and len(data["expired"]) == 1
+    assert data["expired"][0]["metadata"]["expires_at"] == "2026-01-01T00:00:00Z"
+    bad = run("owed", "--agent", "pi@b", "--now", "noon")
+    assert bad.exit_code == 1 and "--now 'noon' is not a UTC time" in bad.output
+    for agent in ("pi@a", "pi@b"):
+        run("append", "--type", "task.claim", "--stream", "s", "--room", "r", "--from-agent",
+            agent, "--status", "claimed", "--correlation-id", "job-1")
+    text = run("claims", "job-1").output
+    assert "won by pi@a" in text and "still to yield" in text and "pi@b" in text.split(
+        "still to yield")[1]

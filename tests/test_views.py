@@ -154,7 +154,35 @@ def test_claims_without_hlc_rank_after_and_one_agent_counts_once() -> None:
     result = views.claims([no_hlc, again, with_hlc], "p")
     assert result["winner"]["id"] == "new"
     assert [c["id"] for c in result["claims"]] == ["new", "old"]
-    assert views.claims([], "p") == {"correlation_id": "p", "winner": None, "claims": []}
+    assert views.claims([], "p") == {"correlation_id": "p", "winner": None, "claims": [],
+                                     "must_yield": []}
+
+
+def test_a_loser_must_yield_until_it_writes_superseded_after_its_claim() -> None:
+    """R3's loser step as a view: every replica holding the same events names the same
+    losers still to yield, whatever the arrival order."""
+    win = ev("win", 1, status="claimed", correlation_id="p", from_agent="pi@a")
+    lose = ev("lose", 2, status="claimed", correlation_id="p", from_agent="pi@b")
+    early = ev("early", 0, hlc=stamp(1_790_000_000_000 - 5), status="superseded",
+               correlation_id="p", from_agent="pi@b")  # before its claim: no yield
+    other = ev("other", 4, status="superseded", correlation_id="q", from_agent="pi@b")
+    assert [c["id"] for c in views.claims([lose, win, early, other], "p")["must_yield"]] == [
+        "lose"]
+    done = ev("done", 3, status="superseded", correlation_id="p", from_agent="pi@b")
+    for order in ([win, lose, done], [done, lose, win]):
+        assert views.claims(order, "p")["must_yield"] == []
+
+
+def test_an_expired_ask_is_apart_from_the_owed_ones_and_a_bad_time_never_expires() -> None:
+    """R2 as a view: `metadata.expires_at` at or before `now` moves an owed ask apart."""
+    asks = [ev("gone", 1, metadata={"expires_at": "2026-12-01T00:00:00Z"}),
+            ev("edge", 2, metadata={"expires_at": "2026-12-01T12:00:00Z"}),
+            ev("live", 3, metadata={"expires_at": "2026-12-02T00:00:00Z"}),
+            ev("bad", 4, metadata={"expires_at": "tomorrow"}),
+            ev("none", 5)]
+    live, gone = views.split_expired(views.owed(asks, "pi@b"), "2026-12-01T12:00:00Z")
+    assert [e["id"] for e in gone] == ["gone", "edge"]
+    assert [e["id"] for e in live] == ["live", "bad", "none"]
 
 
 # ── presence (R5) ─────────────────────────────────────────────────────

@@ -33,6 +33,7 @@ from logsync.cli._common import (
     open_store,
 )
 from logsync.cli.group import cli
+from logsync.model import utc_now_iso
 
 _SEEDS_RE = re.compile(r"^\s*(\d+)\s*\.\.\s*(\d+)\s*$")
 MAX_SWEEP = 10_000
@@ -321,12 +322,15 @@ def _run_one(scenario: Any, trace_file: str | None, run: Any) -> Any:
 
 @cli.command()
 @click.option("--agent", required=True, help="The agent, e.g. pi@laptop.")
+@click.option("--now", "now", default=None, help="Judge expiry at this UTC time instead of "
+              "the clock's. Example: --now 2026-12-01T12:00:00Z")
 @create_option
 @json_option
 @click.pass_context
 @handles_errors
-def owed(ctx: click.Context, agent: str, as_json: bool) -> None:
-    """Asks this agent still owes a reply to (RFC 003 §3.3, ordered by HLC).
+def owed(ctx: click.Context, agent: str, now: str | None, as_json: bool) -> None:
+    """Asks this agent still owes a reply to (RFC 003 §3.3, ordered by HLC); an ask whose
+    metadata.expires_at has passed is listed apart, as expired, not to act on (R2).
 
     Example:
 
@@ -335,17 +339,24 @@ def owed(ctx: click.Context, agent: str, as_json: bool) -> None:
     """
     if not agent.strip():
         fail("--agent must name an agent, e.g. pi@laptop", as_json)
+    if now is not None and not views.is_utc_stamp(now):
+        fail(f"--now {now!r} is not a UTC time like 2026-12-01T12:00:00Z", as_json)
     with open_store(ctx, read_only=True) as store:
         items = views.owed(store.iter_events(), agent)
+    live, expired = views.split_expired(items, now or utc_now_iso(int(time.time() * 1000)))
     if as_json:
-        emit_json({"agent": agent, "owed": items, "count": len(items)})
+        emit_json({"agent": agent, "owed": live, "count": len(live), "expired": expired})
         return
-    if not items:
+    if not live:
         click.echo(f"{agent} owes nothing.")
-        return
-    click.echo(f"{agent} owes {len(items)} repl{'y' if len(items) == 1 else 'ies'}:")
-    for event in items:
+    else:
+        click.echo(f"{agent} owes {len(live)} repl{'y' if len(live) == 1 else 'ies'}:")
+    for event in live:
         click.echo(event_line(event))
+    if expired:
+        click.echo(f"expired, not to act on ({len(expired)}):")
+        for event in expired:
+            click.echo(event_line(event))
 
 
 @cli.command()
@@ -375,6 +386,9 @@ def claims(ctx: click.Context, correlation_id: str, as_json: bool) -> None:
                f"hlc {winner['hlc']}); {len(result['claims'])} claimant(s):")
     for event in result["claims"]:
         click.echo(event_line(event))
+    if result["must_yield"]:
+        losers = ", ".join(str(e.get("from_agent")) for e in result["must_yield"])
+        click.echo(f"still to yield (write status superseded on {correlation_id}): {losers}")
 
 
 @cli.command()
