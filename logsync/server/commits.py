@@ -3,9 +3,10 @@
 A writer in this process pokes the `ChangeNotifier` itself; a writer in another
 process cannot. The event streams' shared probe of the newest event id catches it
 every ``sse_poll_s`` (100 ms), which is most of a cross-process append's convergence
-latency. `CommitWatch` closes that gap cheaply: one read-only connection of its own
-asks SQLite's ``PRAGMA data_version`` every ``interval`` (a read of the WAL index in
-shared memory, no table touched), and a changed value -- any other connection
+latency. `CommitWatch` closes that gap cheaply: `store.commitprobe.CommitProbe`, a
+read-only connection of its own, asks SQLite's ``PRAGMA data_version`` every
+``interval`` (a read of the WAL index in shared memory, no table touched), and a
+changed value -- any other connection
 committed -- pokes the notifier, which wakes the streams at once. The probe stays as
 the safety net: a failing check is logged once and retried every ``RETRY_S``, and
 the first good check after it notifies once, so the watch can only ever cost
@@ -23,6 +24,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from logsync.store.commitprobe import CommitProbe
+
 log = logging.getLogger("logsync.server")
 
 COMMIT_CHECK_S = 0.005  # how often data_version is read: 200 cheap reads a second
@@ -37,7 +40,7 @@ class CommitWatch:
                  interval: float = COMMIT_CHECK_S) -> None:
         if not interval > 0:
             raise ValueError(f"interval={interval} is invalid: must be > 0 seconds")
-        self._uri = f"{Path(db_path).resolve().as_uri()}?mode=ro"
+        self._probe = CommitProbe(db_path, timeout=interval)
         self._notify = notify
         self._interval = interval
         self._stop = threading.Event()
@@ -56,23 +59,17 @@ class CommitWatch:
             self._thread.join(STOP_JOIN_S)
 
     def _run(self) -> None:
-        conn: sqlite3.Connection | None = None
         seen: int | None = None
         failing = False
         try:
             while not self._stop.wait(RETRY_S if failing else self._interval):
                 try:
-                    if conn is None:
-                        conn = sqlite3.connect(self._uri, uri=True, timeout=self._interval)
-                    version = conn.execute("PRAGMA data_version").fetchone()[0]
+                    version = self._probe.version()
                 except sqlite3.Error as exc:
                     if not failing:
                         log.warning("cannot watch the store for commits by other processes "
                                     "(%s); they are noticed by the streams' poll", exc)
-                    failing = True
-                    if conn is not None:
-                        conn.close()
-                    conn, seen = None, None
+                    failing, seen = True, None
                     continue
                 self.checks += 1
                 changed = seen is not None and version != seen
@@ -81,5 +78,4 @@ class CommitWatch:
                     self._notify()
                 seen, failing = version, False
         finally:
-            if conn is not None:
-                conn.close()
+            self._probe.close()
