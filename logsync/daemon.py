@@ -28,7 +28,6 @@ import random
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -48,6 +47,8 @@ from logsync.errors import ConfigError, LogsyncError, PeerTransientError, StoreE
 from logsync.holders import Holders
 from logsync.peerloop import Claims, FullRound, NoRound, PeerLoop
 from logsync.peerstate import PeerBook, PeerState
+from logsync.peertask import PeerTask as _PeerTask
+from logsync.peertask import direct_headers
 from logsync.push import PushReport
 from logsync.replica import identity_moved
 from logsync.server import create_app
@@ -65,27 +66,6 @@ STORE_CHECK_S = 5.0
 STATE_SAVE_S = 1.0  # peer state is saved (fsync) at most this often, off the pull loops
 LOGGED_ORIGIN_FAILURES = 3  # per round; the rest are counted in one line
 GRACEFUL_SHUTDOWN_S = 3.0  # event streams never end on their own; cut them after this
-
-
-@dataclass
-class _PeerTask:
-    """One peer's task: its `PeerLoop` (which decides) and what wakes its waiter."""
-
-    peer: peers_mod.Peer
-    scope: anyio.CancelScope
-    loop: PeerLoop
-    wake: anyio.Event = field(default_factory=anyio.Event)
-    replica: str | None = None  # the peer's replica id, from its last full round
-
-    @property
-    def label(self) -> str:
-        """How logs name the peer: its name, else its URL without credentials."""
-        return self.peer.name or peers_mod.redact_url(self.peer.url)
-
-    def note(self, origin: str | None, seq: int | None) -> None:
-        """A frame from the peer's stream (None, None: the stream (re)connected)."""
-        self.loop.frame(origin, seq, anyio.current_time())
-        self.wake.set()
 
 
 class _QuietServer(uvicorn.Server):
@@ -305,7 +285,22 @@ class Daemon:
     async def _watch(self, task: _PeerTask) -> None:
         await watch_stream(task.peer.url, task.peer.token, task.note, rng=self._rng,
                            verify=tls_context(True, self.config.ca_file),
-                           replica=self.store.replica_id)
+                           replica=self.store.replica_id,
+                           on_page=functools.partial(self._take_page, task),
+                           direct=functools.partial(self._direct, task))
+
+    def _direct(self, task: _PeerTask) -> dict[str, str]:
+        """The origins we stream from directly, named to `task`'s peer (`outbox.py`)."""
+        return direct_headers((t.replica for t in self._tasks.values()), task.replica)
+
+    async def _take_page(self, task: _PeerTask, data: bytes) -> None:
+        """A page frame from the peer's stream (`peertask.take_page`); a store fault
+        pauses pulls as a round's would."""
+        try:
+            await task.take_page(data, self.store, self.holders, self.app.state.notifier.notify,
+                                 paused=self.store_fault is not None)
+        except StoreError as exc:
+            self._store_failed(exc)
 
     # ── one peer ──────────────────────────────────────────────────────
 

@@ -25,11 +25,12 @@ A page starting above our top (`gap`) applies nothing and says where to start.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from logsync.divergence import MAX_SEARCHES_PER_ROUND
-from logsync.effects import STORE_EFFECTS, PinKeys, StoreLike, perform
+from logsync.effects import STORE_EFFECTS, PinKeys, StoreLike
+from logsync.effects import perform as effects_perform
 from logsync.engine import pull_origin
 from logsync.errors import PeerError, ValidationError, shorten
 from logsync.ids import is_replica_id
@@ -51,9 +52,12 @@ MAX_PUSH_BYTES = 32 * 1024 * 1024
 PUSHES_AT_ONCE = 2  # pushed bodies decoded and applied side by side, per server
 
 
-def accept_push(store: StoreLike, body: object, pusher: str) -> dict[str, Any]:
+def accept_push(store: StoreLike, body: object, pusher: str,
+                perform: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """Apply one pushed page (blocking: SQLite); the answer above. A malformed page is a
-    `ValidationError` naming the value and the rule (400), and nothing of it is stored."""
+    `ValidationError` naming the value and the rule (400), and nothing of it is stored.
+    `perform` carries out the round's store effects (the simulator's bookkeeping wraps
+    it); by default `effects.perform` on `store`."""
     if not isinstance(body, dict):
         raise ValidationError(f"a pushed page must be a JSON object, not {shorten(body)}")
     origin, after = body.get("origin"), body.get("after")
@@ -65,7 +69,7 @@ def accept_push(store: StoreLike, body: object, pusher: str) -> dict[str, Any]:
     if not isinstance(body.get("chain"), dict):
         raise ValidationError("a pushed page must carry 'chain' ({'prev': <64 hex>}): pushes "
                               "are taken only against our own chain at 'after'")
-    top = int(store.version_vector().get(origin, 0))
+    top = store.origin_top(origin)
     answer: dict[str, Any] = {"origin": origin, "after": after, "top": top, "applied": 0,
                               "duplicates": 0, "conflicts": 0, "quarantined": 0,
                               "artifacts": 0, "stopped": None, "diverged": False}
@@ -86,7 +90,7 @@ def accept_push(store: StoreLike, body: object, pusher: str) -> dict[str, Any]:
     sender = body.get("from")
     keys = parse_keys(body)  # the origin's key, published as a vector answer does
     if page.events and origin in keys and isinstance(sender, str) and is_replica_id(sender):
-        perform(store, PinKeys({origin: keys[origin]}, sender))
+        _perform(store, perform, PinKeys({origin: keys[origin]}, sender))
     events = body.get("events")
     last = events[-1].get("origin_seq") if isinstance(events, list) and events and \
         isinstance(events[-1], dict) else None
@@ -98,7 +102,7 @@ def accept_push(store: StoreLike, body: object, pusher: str) -> dict[str, Any]:
     ext = Extensions(inline_artifacts=True, max_page_limit=MAX_PUSH_OPS, chain=True)
     try:
         _drive(store, pull_origin(pusher, progress, ext, MAX_PUSH_OPS, False, report,
-                                  first=body))
+                                  first=body), perform)
     except PeerError as exc:  # the engine raises only what ends a round; a push has one page
         raise ValidationError(str(exc)) from None
     if progress.failed:
@@ -106,14 +110,19 @@ def accept_push(store: StoreLike, body: object, pusher: str) -> dict[str, Any]:
     answer.update(applied=progress.applied, duplicates=progress.duplicates,
                   conflicts=progress.conflicts, quarantined=progress.quarantined,
                   artifacts=progress.artifacts,
-                  top=int(store.version_vector().get(origin, 0)),
+                  top=store.origin_top(origin),
                   diverged=progress.stop_reason == STOP_DIVERGED)
     if progress.stop_reason not in ("", STOP_CAUGHT_UP):
         answer["stopped"] = progress.stop_reason
     return answer
 
 
-def _drive(store: StoreLike, gen: Generator[Any, Any, Any]) -> None:
+def _perform(store: StoreLike, perform: Callable[[Any], Any] | None, effect: Any) -> Any:
+    return perform(effect) if perform is not None else effects_perform(store, effect)
+
+
+def _drive(store: StoreLike, gen: Generator[Any, Any, Any],
+           perform: Callable[[Any], Any] | None = None) -> None:
     """Run the origin's pull over the pushed page: store effects performed here, every
     request to the pusher answered 'absent' (a 404, as a pull reads a missing artifact);
     a store's refusal is thrown back in, as the client's driver does."""
@@ -126,7 +135,7 @@ def _drive(store: StoreLike, gen: Generator[Any, Any, Any]) -> None:
         throw = False
         if isinstance(step, STORE_EFFECTS):
             try:
-                value = perform(store, step)
+                value = _perform(store, perform, step)
             except ValidationError as exc:
                 throw, value = True, exc
         elif isinstance(step, Batch):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import httpx
@@ -22,6 +22,7 @@ import httpx
 from logsync import __version__
 from logsync.answers import ACCEPT_ENCODING, encoding_problem
 from logsync.peers import redact_url
+from logsync.streamframes import FRAMES_HEADER, PAGE_EVENT, PAGES, TOPS_EVENT, parse_tops
 from logsync.wire import REPLICA_HEADER, ChangeFrame
 
 log = logging.getLogger("logsync.watch")
@@ -36,6 +37,7 @@ class LineTooLong(Exception):
 
 
 Change = Callable[[str | None, int | None], None]
+Page = Callable[[bytes], Awaitable[None]]
 
 
 async def watch_stream(
@@ -47,13 +49,18 @@ async def watch_stream(
     verify: bool | ssl.SSLContext = True,
     backoff_cap: float = 30.0,
     replica: str | None = None,
+    on_page: Page | None = None,
+    direct: Callable[[], dict[str, str]] | None = None,
 ) -> None:
     """Call `on_change(origin, origin_seq)` for every event frame; reconnect forever.
 
     A (re)connect is reported as `on_change(None, None)`: frames sent while we
     were away are gone, and the stream starts at the newest event. `replica` (ours)
     is named in `wire.REPLICA_HEADER`: a logsync peer then sends no frame for an op
-    it knows we hold (`logsync.holders`).
+    it knows we hold (`logsync.holders`). With `on_page`, we ask for page frames
+    (`streamframes`): each page's data is awaited in `on_page`, in order, and each
+    tops frame's origins go to `on_change` (a `more` as a reconnect: a full round);
+    `direct()` gives the headers naming what we stream directly, read at each connect.
     """
     delay = 1.0
     headers = {"Accept": "text/event-stream", "User-Agent": f"logsync/{__version__}",
@@ -62,11 +69,15 @@ async def watch_stream(
         headers["Authorization"] = f"Bearer {token}"
     if replica:
         headers[REPLICA_HEADER] = replica
+    if replica and on_page is not None:
+        headers[FRAMES_HEADER] = PAGES
     timeout = httpx.Timeout(10.0, read=READ_TIMEOUT_S)
     async with httpx.AsyncClient(timeout=timeout, verify=verify, headers=headers) as http:
         while True:
             try:
-                if await _follow(http, url.rstrip("/") + "/logstream/stream", on_change):
+                extra = direct() if direct is not None and on_page is not None else {}
+                if await _follow(http, url.rstrip("/") + "/logstream/stream", on_change,
+                                 on_page, extra):
                     delay = 1.0
             except (httpx.HTTPError, anyio.EndOfStream, OSError) as exc:
                 log.debug("stream %s: %s", redact_url(url), exc)
@@ -81,9 +92,10 @@ async def watch_stream(
             delay = min(delay * 2, backoff_cap)
 
 
-async def _follow(http: httpx.AsyncClient, url: str, on_change: Change) -> bool:
+async def _follow(http: httpx.AsyncClient, url: str, on_change: Change,
+                  on_page: Page | None = None, extra: dict[str, str] | None = None) -> bool:
     """Read one connection's frames; True if it was accepted (resets the backoff)."""
-    async with http.stream("GET", url) as response:
+    async with http.stream("GET", url, headers=extra or None) as response:
         if response.status_code != 200:
             log.info("stream %s answered %s; retrying later", redact_url(url), response.status_code)
             return False
@@ -92,10 +104,32 @@ async def _follow(http: httpx.AsyncClient, url: str, on_change: Change) -> bool:
             log.warning("stream %s %s; retrying later", redact_url(url), problem)
             return False
         on_change(None, None)
+        kind = b""
         async for line in bounded_lines(response.aiter_raw(), MAX_LINE_BYTES):
-            if line.startswith(b"data:"):
-                on_change(*frame_position(line[5:]))
+            if not line:
+                kind = b""  # a frame ends
+            elif line.startswith(b"event:"):
+                kind = line[6:].strip()
+            elif line.startswith(b"data:"):
+                await _data(kind, line[5:], on_change, on_page)
     return True
+
+
+async def _data(kind: bytes, data: bytes, on_change: Change, on_page: Page | None) -> None:
+    """One frame's data line, by the frame's event type."""
+    if kind == PAGE_EVENT.encode() and on_page is not None:
+        await on_page(data)
+    elif kind == TOPS_EVENT.encode() and on_page is not None:
+        parsed = parse_tops(data)
+        if parsed is None:
+            return  # not a tops frame: a hint we cannot read costs nothing
+        tops, more = parsed
+        for origin, top in tops.items():
+            on_change(origin, top)
+        if more:
+            on_change(None, None)
+    else:
+        on_change(*frame_position(data))
 
 
 async def bounded_lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:

@@ -126,11 +126,13 @@ def test_a_repeated_request_is_answered_as_the_responder_would_answer_it_again(
         serve_once(sim, node, msg)
 
     monkeypatch.setattr(runner.Simulation, "_serve", checked)
-    report = run_scenario(small(seed=2))
+    pulls = parse_scenario(SMALL.replace("[sync]\n", "[sync]\npages = false\n"),
+                           source="small.toml").with_seed(2)  # every op pulled: ops reused
+    report = run_scenario(pulls)
     assert report.ok, report.text()
     assert len(reused) > 20 and "/sync/ops" in reused
     probe = SimNode.__new__(SimNode)
-    probe.answers, probe._vector = {}, None
+    probe.answers, probe._vector, probe.page_frames = {}, None, {}
     probe.remember_answer(("/sync/ops", ("after", 0)), (200, {"events": []}, 13))
     assert probe.answered(("/sync/ops", ("after", 0))) == (200, {"events": []}, 13)
     probe.store_changed()
@@ -254,7 +256,8 @@ tamper = ["corrupt", "wrong_origin", "stale_fork", "id_reuse", "bad_artifact"]
 
 def test_the_checks_catch_an_undetectable_fork_and_name_seed_and_scenario() -> None:
     """A peer serving a forked op to a replica that lacks it cannot be told from the truth;
-    the simulator still sees the op was never authored so and reports it."""
+    the simulator still sees the op was never authored so and reports it. (Pulled: a
+    page frame carries the digests its publisher's chain holds, which give the fork away.)"""
     extra = """
 [[fault]]
 kind = "byzantine"
@@ -264,7 +267,8 @@ until = "10s"
 rate = 0.5
 tamper = ["fork"]
 """
-    report = run_scenario(small(extra, seed=5))
+    pulled = SMALL.replace("[sync]\n", "[sync]\npages = false\n")
+    report = run_scenario(parse_scenario(pulled + extra, source="small.toml").with_seed(5))
     assert not report.ok
     assert {v.invariant for v in report.violations} & {3, 5}
     assert "logsync simulate small.toml --seed 5" in report.text()

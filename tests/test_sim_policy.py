@@ -142,6 +142,7 @@ count = 3
 interval = "2s"
 page_limit = 5
 extensions = false
+pages = false  # every op pulled (page frames would carry them)
 [[workload]]
 rate = 60
 until = "8s"

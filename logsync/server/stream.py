@@ -31,6 +31,9 @@ from logsync.defaults import DEFAULT_COALESCE_S
 from logsync.errorcodes import error_body
 from logsync.errors import StoreError
 from logsync.ids import is_replica_id
+from logsync.outbox import Outbox, parse_direct
+from logsync.server.pagestream import PagePump
+from logsync.streamframes import DIRECT_HEADER, FRAMES_HEADER, PAGES
 from logsync.wire import REPLICA_HEADER
 
 logger = logging.getLogger("logsync.server")
@@ -191,14 +194,24 @@ async def logstream_stream(request: Request) -> Response:
         store.list_events(since_event_id=start, limit=1, **filters)
         return start, latest
 
-    start, latest = await srv.run(check)
     subscriber = request.headers.get(REPLICA_HEADER)
     holders = getattr(request.app.state, "holders", None)  # a daemon's `holders.Holders`
+    coalesce = getattr(request.app.state, "frame_coalesce_s", COALESCE_S)  # a daemon's
+    if request.headers.get(FRAMES_HEADER) == PAGES and holders is not None \
+            and is_replica_id(subscriber) and not any(filters.values()):
+        direct = parse_direct(request.headers.get(DIRECT_HEADER), is_replica_id)
+        if isinstance(direct, str):
+            return _error(400, f"{DIRECT_HEADER}: {direct}", code="bad_request")
+        own, vector = await srv.run(lambda store: (store.replica_id, store.version_vector()))
+        holders.forget(subscriber)  # a new stream: it may have restarted from a backup
+        outbox = Outbox(own, direct, pages=True, coalesce=coalesce)
+        pump = PagePump(outbox, vector, functools.partial(holders.holds, subscriber))
+        return _EventStream(srv, {}, None, None, pump=pump)
+    start, latest = await srv.run(check)
     held = None
     if holders is not None and is_replica_id(subscriber):
         holders.forget(subscriber)  # a new stream: it may have restarted from a backup
         held = functools.partial(_held, holders, subscriber)
-    coalesce = getattr(request.app.state, "frame_coalesce_s", COALESCE_S)  # a daemon's
     return _EventStream(srv, filters, start, latest, held, coalesce)
 
 
@@ -218,10 +231,12 @@ class _EventStream(Response):
     def __init__(self, srv: StreamHost, filters: dict, cursor: str | None,
                  latest: str | None,
                  held: Callable[[Mapping[str, Any]], bool] | None = None,
-                 coalesce: float = COALESCE_S) -> None:
+                 coalesce: float = COALESCE_S,
+                 pump: Callable[[StreamHost, Any], Any] | None = None) -> None:
         super().__init__(status_code=200)
         self.srv, self.filters, self.cursor, self.latest = srv, filters, cursor, latest
         self.held, self.coalesce = held, coalesce
+        self.pump = pump  # a page-taking subscriber's writes (`pagestream.PagePump`)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         srv = self.srv
@@ -252,7 +267,7 @@ class _EventStream(Response):
             if scope.get("method") == "HEAD":
                 await timed({"type": "http.response.body", "body": b"", "more_body": False})
                 return
-            await self._pump(timed)
+            await (self.pump(self.srv, timed) if self.pump is not None else self._pump(timed))
         except OSError as exc:  # the client went away mid-write: the normal end of a stream
             logger.debug("stream client gone: %s", exc)
             return

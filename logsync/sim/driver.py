@@ -46,6 +46,7 @@ from logsync.sim.rounds import (
     SimulatedCrash,
     crash_after,
 )
+from logsync.streamframes import apply_page_frame, parse_page_frame
 
 
 class Driver:
@@ -103,14 +104,33 @@ class Driver:
 
     # ── notifications ─────────────────────────────────────────────────
 
-    def on_notify(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...]) -> None:
-        """A frame from `peer`'s stream: the peer loop notes what it names."""
+    def on_notify(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...],
+                  pages: list[bytes] = (), more: bool = False) -> None:  # type: ignore[assignment]
+        """A write from `peer`'s stream: its pages applied as the daemon applies them
+        (`streamframes.apply_page_frame`), what they leave us lacking and what it names
+        noted by the peer loop."""
         link = self.links.get(node.name, {}).get(peer)
         if link is None:
             return
-        before = link.loop.next_due
+        before, now = link.loop.next_due, self.sim.clock.now
+        publisher = self.sim.nodes[peer].replica_id
+        for data in pages:
+            frame = parse_page_frame(data)
+            if frame is None:
+                continue
+            node.holders.note(publisher, {frame.origin: frame.last})  # it served them
+            try:
+                taken = apply_page_frame(node.store_or_fail(), frame, publisher,
+                                         perform=lambda e: self._perform(node, e, peer))
+            except SimulatedCrash:
+                self.sim.crash_mid_apply(node)
+                return
+            if taken.lacking:
+                link.loop.frame(frame.origin, frame.last, now)
         for origin, top in tops:
-            link.loop.frame(origin, top, self.sim.clock.now)
+            link.loop.frame(origin, top, now)
+        if more:
+            link.loop.frame(None, None, now)
         self._rearm(node, link, before)
 
     def reconnected(self, node: SimNode, peer: str) -> None:

@@ -43,7 +43,9 @@ class Message:
     answer: Any = None
     size: int = 0
     incarnation: int = 0
-    tops: tuple[tuple[str, int], ...] = ()
+    tops: tuple[tuple[str, int], ...] = ()  # a frame's named tops
+    pages: list[bytes] = field(default_factory=list)  # a frame's page bodies
+    more: bool = False  # a frame asking for a full round
     retry_after: float | None = None  # a 429/503's Retry-After, in seconds
 
     def label(self) -> str:
@@ -51,7 +53,7 @@ class Message:
             return f"req#{self.mid} {self.path}{_params(self.params)}"
         if self.kind == "resp":
             return f"resp#{self.mid} {self.status} {self.size}B"
-        return f"notify#{self.mid} {len(self.tops)} origin(s)"
+        return f"notify#{self.mid} {len(self.pages)} page(s) {len(self.tops)} origin(s)"
 
 
 def _params(params: dict[str, Any]) -> str:

@@ -95,6 +95,7 @@ class SimNode:
         # last changed (`runner._serve`); the responder is a function of the store and the
         # request, so the same request to the same store gets the same answer
         self.answers: dict[tuple[Any, ...], tuple[int, Any, int]] = {}
+        self.page_frames: dict[tuple[Any, ...], Any] = {}  # pages built since the last change
         self.up = False
         self.incarnation = 0
         self.pulls_from: list[str] = []
@@ -152,11 +153,13 @@ class SimNode:
     def store_changed(self) -> None:
         self._vector = None
         self.answers.clear()
+        self.page_frames.clear()
 
     def store_touched(self) -> None:
         """A store effect other than an apply ran (it may write signatures, keys, ledgers,
         chain repairs): answers given before may differ now."""
         self.answers.clear()
+        self.page_frames.clear()
 
     def answered(self, key: tuple[Any, ...]) -> tuple[int, Any, int] | None:
         """The answer (status, body, size) this node gave `key` (path and params) since
@@ -262,6 +265,7 @@ class SimNode:
                     source: str | None = None) -> None:
         """Check the per-origin prefix of what one page added; mirror it; notify."""
         new_tops: list[tuple[str, int]] = []
+        firsts: dict[str, int] = {}
         for origin, top in result.high_water.items():
             old = self.vv.get(origin, 0)
             if top <= old:
@@ -281,9 +285,10 @@ class SimNode:
                 self.note_arrival(event)
                 self.sim.registry.arrived(self, event)
             new_tops.append((origin, top))
+            firsts[origin] = old + 1
         if result.applied and not (result.stopped or result.quarantined or result.conflicts):
             self.recent_pages.append((list(events), list(artifacts)))
         self.sim.metrics.applies += result.applied
         if new_tops:
-            self.sim.notify_change(self, tuple(new_tops), source)
+            self.sim.notify_change(self, tuple(new_tops), source, firsts)
         self.sim.maybe_replay(self)

@@ -37,6 +37,7 @@ from logsync.sim.node import SimNode
 from logsync.sim.report import SimReport, percentile
 from logsync.sim.serve import Sizer, serve, tamper
 from logsync.sim.spec import Scenario, Workload
+from logsync.sim.streams import Streams
 from logsync.sim.topology import build_edges, draw_faults
 from logsync.sim.trace import Trace
 
@@ -97,8 +98,6 @@ class Simulation:
         self.queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
         self._order = 0
         self._mid = 0
-        self.last_frame: dict[tuple[str, str], int] = {}  # (node, subscriber) -> when (us)
-        self.pending_frames: dict[tuple[str, str], dict[str, int]] = {}  # waiting: o -> top
         self.metrics = Metrics()
         self.registry = Registry(len(scenario.nodes))
         self.registry.now_us = lambda: self.clock.now_us
@@ -114,6 +113,7 @@ class Simulation:
         self.net = Network(self.clock, self.rng, self.trace, scenario.link, self.schedule,
                            self._deliver)
         self.driver = Driver(self)
+        self.streams = Streams(self)
         self.sizer = Sizer()
         self.nodes = self._make_nodes(workdir)
         self.everyone = [a for n in self.nodes.values() for a in n.agents]
@@ -218,7 +218,8 @@ class Simulation:
             else:
                 self.driver.on_response(node, msg)
         else:
-            self.driver.on_notify(node, msg.src, msg.tops)
+            self.metrics.bytes += msg.size  # a frame's bytes, counted as it arrives
+            self.driver.on_notify(node, msg.src, msg.tops, msg.pages, msg.more)
         return True
 
     def _serve(self, node: SimNode, msg: Message) -> None:
@@ -261,51 +262,14 @@ class Simulation:
         return status, body, self.sizer.size(body, exact=done is not None)
 
     def notify_change(self, node: SimNode, tops: tuple[tuple[str, int], ...],
-                      source: str | None = None) -> None:
-        """Send the change to every subscriber, as an SSE frame naming what it is not known
-        to hold (`holders`, as the daemon's stream): none to the peer the ops were just
-        pulled from, none for a subscriber's own ops."""
-        if source is not None:
+                      source: str | None = None, firsts: dict[str, int] | None = None) -> None:
+        """The node stored new ops: its streams owe them to its subscribers (`streams`)."""
+        if source is not None:  # none to the peer they were just pulled from
             node.holders.note(self.nodes[source].replica_id, dict(tops))
         if self.scenario.sync.notify:
-            for peer in node.subscribers:
-                rid = self.nodes[peer].replica_id
-                named = tuple((o, t) for o, t in tops if not node.holders.holds(rid, o, t))
-                if named and peer != source:
-                    self._frame_to(node, peer, named)
+            self.streams.changed(node, tops, source, firsts)
         if self.phase == "liveness":
             self._check_converged()
-
-    def _frame_to(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...]) -> None:
-        """One frame now if the last to this subscriber is a window old (`sync.coalesce`,
-        the daemon's stream), else what it names waits for the window's end."""
-        key, now = (node.name, peer), self.clock.now_us
-        last = self.last_frame.get(key)
-        pending = self.pending_frames.get(key)
-        window = to_us(self.scenario.sync.coalesce)
-        if pending is None and (last is None or now - last >= window):
-            self._send_frame(node, peer, tops)
-            return
-        if pending is None:
-            pending = self.pending_frames[key] = {}
-            self.schedule(max(now, (last or now) + window), self._flush_frames,
-                          (node, peer, node.incarnation))
-        for origin, top in tops:
-            pending[origin] = max(pending.get(origin, 0), top)
-
-    def _flush_frames(self, node: SimNode, peer: str, incarnation: int) -> None:
-        pending = self.pending_frames.pop((node.name, peer), None)
-        if not pending or not node.up or node.incarnation != incarnation:
-            return  # the node went down meanwhile: its stream went with it
-        rid = self.nodes[peer].replica_id
-        tops = tuple((o, t) for o, t in pending.items() if not node.holders.holds(rid, o, t))
-        if tops:
-            self._send_frame(node, peer, tops)
-
-    def _send_frame(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...]) -> None:
-        self.last_frame[(node.name, peer)] = self.clock.now_us
-        self.metrics.notifications += 1
-        self.net.send(Message("notify", node.name, peer, self.next_mid(), tops=tops))
 
     # ── workload ──────────────────────────────────────────────────────
 

@@ -263,6 +263,8 @@ def _read_sync(t: Table) -> SyncSpec:
         max_page=t.integer("max_page", d.max_page, low=1, high=100_000),
         origins_in_flight=t.integer("origins_in_flight", d.origins_in_flight, low=1, high=1000),
         coalesce=t.duration("coalesce", d.coalesce),
+        pages=t.boolean("pages", d.pages),
+        lazy=t.duration("lazy", d.lazy),
     )
     return spec
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from logsync.defaults import DEFAULT_COALESCE_S, DEFAULT_DEBOUNCE_S, DEFAULT_ORIGINS_IN_FLIGHT
 from logsync.errors import ConfigError
 from logsync.hostile import SIM_KINDS
+from logsync.outbox import LAZY_S
 
 TOPOLOGIES = ("full-mesh", "hub-and-spoke", "ring", "random-k", "edges")
 LATENCY_DISTS = ("fixed", "uniform", "normal", "exponential", "lognormal")
@@ -71,6 +72,8 @@ class SyncSpec:
     max_page: int = 5000
     origins_in_flight: int = DEFAULT_ORIGINS_IN_FLIGHT
     coalesce: float = DEFAULT_COALESCE_S  # frames to one subscriber: one batch per window
+    pages: bool = True  # logsync subscribers take page frames (`streamframes.py`)
+    lazy: float = LAZY_S  # a lazy name waits this long for an eager write (`outbox.py`)
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,7 @@ NETWORK_KEYS = LINK_KEYS
 SYNC_KEYS = (
     "mode", "interval", "jitter", "debounce", "backoff_base", "backoff_cap", "notify",
     "page_limit", "extensions", "timeout", "attempts", "retry_backoff", "retry_max",
-    "max_page", "origins_in_flight", "coalesce",
+    "max_page", "origins_in_flight", "coalesce", "pages", "lazy",
 )
 WORKLOAD_KEYS = ("nodes", "rate", "from", "until", "mix", "patch_bytes")
 FAULT_KEYS = (

@@ -196,6 +196,12 @@ class Reads:
         refused = self._read(REFUSED_OWN_TOP_SQL, (self.replica_id,))
         return max(int(held[0][0]), int(refused[0][0]))
 
+    def origin_top(self, origin: str) -> int:
+        """One origin's entry of the version vector (one index seek, not the walk)."""
+        rows = self._read("SELECT coalesce(max(origin_seq), 0) FROM events "
+                          "WHERE origin_replica = ?", (origin,))
+        return int(rows[0][0])
+
     def version_vector(self) -> dict[str, int]:
         rows = self._read(VECTOR_SQL)
         return {r["origin_replica"]: int(r["top"]) for r in rows if r["top"] is not None}

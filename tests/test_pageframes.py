@@ -1,0 +1,182 @@
+"""Page frames (`streamframes.py`, `server/pagestream.py`): a subscriber that asks for
+them gets the ops themselves on the change stream and applies them as pulled pages; a
+page it cannot trust is refused and pulled; two real daemons exchange ops with no
+`/sync/ops` request after their first round."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+
+import anyio
+import httpx
+
+from logsync.holders import Holders
+from logsync.responder import push_page
+from logsync.store import Store
+from logsync.streamframes import (
+    DIRECT_HEADER,
+    FRAMES_HEADER,
+    PAGES,
+    apply_page_frame,
+    parse_page_frame,
+)
+from logsync.watch import watch_stream
+from logsync.wire import REPLICA_HEADER
+from tests.test_daemon import daemons, event_ids, peer, run, wait_for  # noqa: F401
+from tests.test_server_limits import TOKEN, LiveApp
+
+
+def _append(store: Store, n: int, prefix: str = "op") -> None:
+    for i in range(n):
+        store.append_event("task.request", "s", "r", "a@b", body=f"{prefix} {i}")
+
+
+def _follow(live: LiveApp, sub: Store, publisher: str, direct: dict[str, str],
+            names: list[tuple[str | None, int | None]], pages: list[int],
+            done: threading.Event) -> None:
+    """Run `watch_stream` with page frames until `done`; pages applied to `sub`."""
+
+    async def on_page(data: bytes) -> None:
+        frame = parse_page_frame(data)
+        assert frame is not None
+        taken = await anyio.to_thread.run_sync(apply_page_frame, sub, frame, publisher)
+        pages.append(taken.applied)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: watch_stream(
+                live.url, TOKEN, lambda o, s: names.append((o, s)), rng=random.Random(1),
+                replica=sub.replica_id, on_page=on_page, direct=lambda: direct))
+            while not done.is_set():  # noqa: ASYNC110 - a thread sets it
+                await anyio.sleep(0.02)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
+def test_a_subscriber_applies_the_ops_a_page_frame_carries(tmp_path) -> None:
+    """Ops (and a patch's artifact) appended on the publisher arrive inside page frames
+    and are applied as pulled: same ids, bodies and artifacts, nothing named to pull."""
+    with Store.open(tmp_path / "p") as pub, Store.open(tmp_path / "s") as sub, \
+            LiveApp(pub) as live:
+        live.app.state.holders = Holders()
+        names: list = []
+        pages: list[int] = []
+        done = threading.Event()
+        thread = threading.Thread(target=_follow, args=(live, sub, pub.replica_id, {}, names,
+                                                        pages, done), daemon=True)
+        thread.start()
+        try:
+            assert _until(lambda: (None, None) in names, 10)  # connected
+            _append(pub, 3)
+            art = pub.put_artifact("patch", "diff --git a/x b/x\n", "a@b")
+            pub.append_event("patch.handoff", "s", "r", "a@b", body="a patch",
+                             artifact_ids=[art["id"]])
+            live.srv.notifier.notify()
+            assert _until(lambda: sub.version_vector().get(pub.replica_id) == 4, 10), pages
+        finally:
+            done.set()
+            thread.join(10)
+            live.srv.begin_shutdown()
+        mine = {e["id"]: e["body"] for e in pub.iter_events()}
+        assert {e["id"]: e["body"] for e in sub.iter_events()} == mine
+        assert [a["id"] for a in sub.iter_artifacts()] == [art["id"]]
+        assert sum(pages) == 4
+        assert [n for n in names if n[0] is not None] == []  # nothing left to pull
+
+
+def test_an_origin_the_subscriber_streams_directly_is_only_named(tmp_path) -> None:
+    """Ops of an origin the subscriber says it streams from directly come as a name
+    (lazy), never as a page; the publisher's own ops still come as pages."""
+    with Store.open(tmp_path / "p") as pub, Store.open(tmp_path / "s") as sub, \
+            Store.open(tmp_path / "x") as other, LiveApp(pub) as live:
+        live.app.state.holders = Holders()
+        names: list = []
+        pages: list[int] = []
+        done = threading.Event()
+        direct = {DIRECT_HEADER: other.replica_id}
+        thread = threading.Thread(target=_follow, args=(live, sub, pub.replica_id, direct,
+                                                        names, pages, done), daemon=True)
+        thread.start()
+        try:
+            assert _until(lambda: (None, None) in names, 10)
+            _append(other, 2, "x")
+            page = push_page(other, other.replica_id, 0, 10, 1 << 20, other.replica_id)
+            frame = parse_page_frame(page.body)
+            assert frame is not None
+            apply_page_frame(pub, frame, other.replica_id)  # the publisher relays x's ops
+            _append(pub, 1)
+            live.srv.notifier.notify()
+            assert _until(lambda: (other.replica_id, 2) in names, 10), names
+            assert _until(lambda: sub.version_vector().get(pub.replica_id) == 1, 10)
+        finally:
+            done.set()
+            thread.join(10)
+            live.srv.begin_shutdown()
+        assert other.replica_id not in sub.version_vector()  # named, not carried
+
+
+def test_a_page_not_from_the_stream_peer_or_altered_is_refused_and_pulled(tmp_path) -> None:
+    with Store.open(tmp_path / "p") as pub, Store.open(tmp_path / "s") as sub:
+        _append(pub, 3)
+        body = json.loads(push_page(pub, pub.replica_id, 0, 10, 1 << 20,
+                                    pub.replica_id).body)
+        frame = parse_page_frame(json.dumps(body))
+        assert frame is not None and frame.last == 3
+        stranger = apply_page_frame(sub, frame, "rep_" + "e" * 32)  # `from` is not the peer
+        assert stranger.applied == 0 and stranger.lacking
+        body["events"][1]["body"] = "forged by a relay"
+        forged = apply_page_frame(sub, parse_page_frame(json.dumps(body)), pub.replica_id)
+        assert forged.lacking and forged.applied <= 1  # stops at the forged op
+        assert all(e["body"] != "forged by a relay" for e in sub.iter_events())
+        assert parse_page_frame(b"[1, 2]") is None and parse_page_frame(b"{") is None
+
+
+def test_a_bad_direct_header_is_refused_in_one_sentence(tmp_path) -> None:
+    with Store.open(tmp_path / "p") as pub, LiveApp(pub) as live:
+        live.app.state.holders = Holders()
+        answer = httpx.get(live.url + "/logstream/stream", timeout=5, headers={
+            "Authorization": f"Bearer {TOKEN}", FRAMES_HEADER: PAGES,
+            REPLICA_HEADER: "rep_" + "5" * 32, DIRECT_HEADER: "rep_" + "1" * 32 + ",nope"})
+        live.srv.begin_shutdown()
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "bad_request", "reason": "X-Logsync-Direct: direct "
+                             "origin 'nope' is not a replica id"}
+
+
+def _ops_requests(metrics: str) -> int:
+    return sum(int(float(m)) for m in re.findall(
+        r'logsync_http_requests_total\{route="/sync/ops",status="[^"]*"\} (\S+)', metrics))
+
+
+def test_two_daemons_exchange_ops_in_frames_without_pulling(daemons) -> None:  # noqa: F811
+    """After the first rounds, appends on either side arrive inside page frames: the
+    other daemon serves no `/sync/ops` request for them."""
+    a, b = daemons("a", interval=60), daemons("b", interval=60)
+    peer(a, b)
+    peer(b, a)
+    time.sleep(2.5)  # peers.json is polled every second; first full rounds run
+    before = {d.url: _ops_requests(d.get("/metrics").text) for d in (a, b)}
+    ids = []
+    for who in (a, b, a, b, a):
+        out = run(who.palace, "append", "--type", "task.request", "--stream", "s", "--room",
+                  "r", "--from-agent", "pi@a", "--json")
+        ids.append(json.loads(out.stdout)["id"])
+    wait_for(lambda: set(ids) <= event_ids(a.palace) and set(ids) <= event_ids(b.palace), 10,
+             "the appends never reached both daemons", b)
+    after = {d.url: _ops_requests(d.get("/metrics").text) for d in (a, b)}
+    assert after == before, (before, after)
+    assert a.stop() == 0 and b.stop() == 0
+
+
+def _until(predicate, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
