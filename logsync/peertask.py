@@ -42,7 +42,7 @@ class PeerTask:
         `applied()` wakes our own streams. What it leaves us lacking, and a page we cannot
         take now (the peer's id is not yet known; `paused` by a store fault), is pulled.
         A `StoreError` is the caller's."""
-        frame = parse_page_frame(data)
+        frame = await anyio.to_thread.run_sync(parse_page_frame, data)  # up to 1 MiB of JSON
         if frame is None:
             return
         if self.replica is None or paused:

@@ -180,3 +180,31 @@ def _until(predicate, within: float) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+def test_the_watcher_reads_each_frame_by_its_event_type() -> None:
+    """A tops frame names its origins (and `more` asks for a full round); one it cannot
+    read costs nothing; a page goes to `on_page`; an upstream frame is read as before."""
+    from logsync.streamframes import tops_frame
+    from logsync.watch import _data
+
+    seen: list = []
+    pages: list[bytes] = []
+
+    async def on_page(data: bytes) -> None:
+        pages.append(data)
+
+    async def main() -> None:
+        note = lambda o, s: seen.append((o, s))  # noqa: E731
+        data = tops_frame({"rep_" + "1" * 32: 7}, more=True).split(b"data: ")[1].strip()
+        await _data(b"logsync-tops", data, note, on_page)
+        await _data(b"logsync-tops", b'{"tops": {"nope": 1}}', note, on_page)
+        await _data(b"logsync-tops", b'{"tops": {"' + b"rep_" + b"2" * 32 + b'": 0}}', note,
+                    on_page)
+        await _data(b"logsync-page", b"{}", note, on_page)
+        await _data(b"logstream", b'{"origin_replica": "rep_' + b"3" * 32
+                    + b'", "origin_seq": 4}', note, on_page)
+
+    anyio.run(main)
+    assert seen == [("rep_" + "1" * 32, 7), (None, None), ("rep_" + "3" * 32, 4)]
+    assert pages == [b"{}"]
