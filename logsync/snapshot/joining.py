@@ -32,6 +32,7 @@ import anyio
 from logsync.errors import LogsyncError, PeerError
 from logsync.model import utc_now_iso
 from logsync.snapshot import JOIN_PREFIX, SnapshotRefused
+from logsync.snapshot.chaincheck import prove_chains
 from logsync.snapshot.checking import audit, check_integrity, check_readonly, prepare
 from logsync.snapshot.download import download_snapshot
 from logsync.snapshot.making import remove_stale
@@ -44,6 +45,7 @@ log = logging.getLogger("logsync.snapshot")
 MAX_SNAPSHOT_BYTES = 64 * 1024**3
 INSTALL_LOCK_TIMEOUT_S = 1.0
 LOOK_S = 5.0  # one look at a peer's vector before joining from it
+CHAIN_WORKERS = 2  # threads proving seq ranges of a large origin's chain
 
 
 @dataclass(frozen=True)
@@ -161,20 +163,23 @@ async def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: b
 def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], own_id: str,
                        own_key: bytes | None) -> dict[str, Any]:
     check_readonly(candidate, preamble["vector"], own_id)
-    prepare(candidate, own_id, own_key, preamble["replica_id"], utc_now_iso(int(time.time()
-                                                                                * 1000)))
-    # SQLite's integrity check (C, no GIL) on the other core while the audit recomputes
-    # the chains; both must pass before anything is installed
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-check") as pool:
+    # SQLite's integrity check (C, no GIL) runs on one core while the chains are proven
+    # (`chaincheck`: SQLite writes the canonical bytes, GIL-free too) on the others, both
+    # on the file as downloaded; both must pass before anything is installed. Then the
+    # candidate is made ours and audited (signatures, artifacts, gaps, and the reference
+    # recomputation of any chain not proven).
+    with ThreadPoolExecutor(max_workers=1 + CHAIN_WORKERS,
+                            thread_name_prefix="snapshot-check") as pool:
         integrity = pool.submit(check_integrity, candidate)
         try:
-            held = audit(candidate)
-        except SnapshotRefused:
-            if integrity.exception() is not None:  # a damaged file: SQLite's words first
-                raise integrity.exception() from None  # type: ignore[misc]
-            raise
-        if integrity.exception() is not None:
-            raise integrity.exception()  # type: ignore[misc]
+            proven = prove_chains(candidate, pool, parts=CHAIN_WORKERS)
+        finally:
+            failed = integrity.exception()  # waits: nothing writes while a check reads
+        if failed is not None:
+            raise failed
+    prepare(candidate, own_id, own_key, preamble["replica_id"],
+            utc_now_iso(int(time.time() * 1000)))
+    held = audit(candidate, proven)
     _fsync(candidate)
     install(candidate, palace / DB_FILENAME)
     return held

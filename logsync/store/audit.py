@@ -26,7 +26,7 @@ spurious missing or extra entry.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,8 +165,12 @@ class AuditReport:
                 "artifacts": self.artifacts.to_json()}
 
 
-def audit_store(conn: sqlite3.Connection, origin: str | None = None) -> AuditReport:
-    """Every origin's chain (or only `origin`'s) and every artifact, in one read snapshot."""
+def audit_store(conn: sqlite3.Connection, origin: str | None = None, *,
+                proven: Collection[str] = ()) -> AuditReport:
+    """Every origin's chain (or only `origin`'s) and every artifact, in one read snapshot.
+
+    The chains of the origins in `proven` are not recomputed here: the caller proved them
+    equal to the recomputation on this same file (`snapshot/chaincheck.py`)."""
     began = not conn.in_transaction
     if began:
         conn.execute("BEGIN")
@@ -174,16 +178,16 @@ def audit_store(conn: sqlite3.Connection, origin: str | None = None) -> AuditRep
         if origin is None:
             names = {r[0] for r in conn.execute(ORIGINS_SQL).fetchall()}
             names.update(r[0] for r in conn.execute(CHAIN_ORIGINS_SQL).fetchall())
-            origins = tuple(audit_origin(conn, o) for o in sorted(names, key=str))
+            origins = tuple(audit_origin(conn, o, o in proven) for o in sorted(names, key=str))
         else:
-            origins = (audit_origin(conn, origin),)
+            origins = (audit_origin(conn, origin, origin in proven),)
         return AuditReport(origins, audit_artifacts(conn))
     finally:
         if began and conn.in_transaction:
             conn.execute("ROLLBACK")  # it only read
 
 
-def audit_origin(conn: sqlite3.Connection, origin: str) -> OriginAudit:
+def audit_origin(conn: sqlite3.Connection, origin: str, proven: bool = False) -> OriginAudit:
     ops, top = conn.execute(
         "SELECT count(*), max(origin_seq) FROM events WHERE origin_replica = ?", (origin,)
     ).fetchone()
@@ -191,7 +195,8 @@ def audit_origin(conn: sqlite3.Connection, origin: str) -> OriginAudit:
         "SELECT count(*) FROM logsync_chain WHERE origin = ?", (origin,)
     ).fetchone()[0]
     return OriginAudit(origin, int(ops), None if top is None else int(top), int(entries),
-                       first_problem(conn, origin), audit_signatures(conn, origin))
+                       None if proven else first_problem(conn, origin),
+                       audit_signatures(conn, origin))
 
 
 def audit_signatures(conn: sqlite3.Connection, origin: str) -> SignatureAudit:
