@@ -25,7 +25,7 @@ from typing import Any
 from logsync.keys import certifies
 from logsync.pagechain import CHECKPOINT
 from logsync.snapshot import LOCAL_ONLY_TABLES, SnapshotRefused
-from logsync.store.audit import AuditReport, audit_store
+from logsync.store.audit import AuditReport, UnchainableOp, audit_store
 from logsync.store.schema import migrate, schema_problem
 from logsync.store.signing_state import SIGNED_TO_SQL
 
@@ -187,6 +187,9 @@ def audit(path: Path, proven: Collection[str] = ()) -> dict[str, Any]:
         return {"events": events, "artifacts": int(artifacts), "origins": len(report.origins)}
     except sqlite3.DatabaseError as exc:
         raise SnapshotRefused(f"it cannot be audited ({exc})") from None
+    except UnchainableOp as exc:
+        raise SnapshotRefused(f"it holds an op no chain can be computed over ({exc})") \
+            from None
     finally:
         conn.close()
 

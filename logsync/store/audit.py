@@ -238,12 +238,20 @@ def first_problem(conn: sqlite3.Connection, origin: str) -> ChainProblem | None:
     return None
 
 
+class UnchainableOp(ValueError):
+    """An op the chain rule cannot be computed over (another program wrote a NULL where
+    the rule needs text, or a seq that is not an integer): named, not a traceback."""
+
+
 def _recomputed(conn: sqlite3.Connection, origin: str) -> Iterator[tuple[int, bytes]]:
     """`(origin_seq, digest)` of every held op, by the rule the write path uses."""
     prev = chain_start(origin)
     for batch in held_ops(conn, origin, LOWEST_SEQ):
         for row, pairs in batch:
-            prev = next_digest(prev, canonical(row, pairs))
+            try:
+                prev = next_digest(prev, canonical(row, pairs))
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise UnchainableOp(f"origin {origin} seq {row[_SEQ]!r}: {exc}") from None
             yield row[_SEQ], prev
 
 
