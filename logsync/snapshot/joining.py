@@ -168,15 +168,18 @@ def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], 
     # on the file as downloaded; both must pass before anything is installed. Then the
     # candidate is made ours and audited (signatures, artifacts, gaps, and the reference
     # recomputation of any chain not proven).
-    with ThreadPoolExecutor(max_workers=1 + CHAIN_WORKERS,
+    # The download was not fsynced: its flush to disk starts now, beside the checks.
+    with ThreadPoolExecutor(max_workers=2 + CHAIN_WORKERS,
                             thread_name_prefix="snapshot-check") as pool:
         integrity = pool.submit(check_integrity, candidate)
+        flushed = pool.submit(_fsync, candidate)
         try:
             proven = prove_chains(candidate, pool, parts=CHAIN_WORKERS)
         finally:
             failed = integrity.exception()  # waits: nothing writes while a check reads
         if failed is not None:
             raise failed
+        flushed.result()
     prepare(candidate, own_id, own_key, preamble["replica_id"],
             utc_now_iso(int(time.time() * 1000)))
     held = audit(candidate, proven)
