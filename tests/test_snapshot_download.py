@@ -8,17 +8,15 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
-import anyio.lowlevel
 import pytest
 
 from logsync.errors import PeerProtocolError
+from logsync.fetchpolicy import PeerDeadlineError
 from logsync.snapshot import download
-from logsync.snapshot.download import _Sink, receive
+from logsync.snapshot.download import Receiver, _Sink
 
 REPLICA = "rep_0123456789ab"
 
@@ -29,10 +27,13 @@ def _wire(data: bytes, *, sha: str | None = None) -> bytes:
     return json.dumps(preamble).encode() + b"\n" + data
 
 
-async def _chunks(wire: bytes, size: int) -> AsyncIterator[bytes]:
-    for i in range(0, len(wire), size):
-        yield wire[i:i + size]
-        await anyio.lowlevel.checkpoint()
+def receive(wire: bytes, size: int, dest: Path) -> dict[str, Any]:
+    """The wire bytes fed `size` at a time, as `download_snapshot` feeds a response."""
+    receiver = Receiver(dest, 10**9, "GET", "p", 30.0)
+    with receiver:
+        for i in range(0, len(wire), size):
+            receiver.feed(wire[i:i + size])
+    return receiver.finish()
 
 
 def test_the_file_arrives_whole_and_in_order_through_a_slow_disk(
@@ -47,15 +48,29 @@ def test_the_file_arrives_whole_and_in_order_through_a_slow_disk(
 
     monkeypatch.setattr(_Sink, "_run", slowly)
     dest = tmp_path / "snap"
-    preamble = anyio.run(receive, _chunks(_wire(data), 997), dest, 10**9, "GET", "p", 30.0)
+    preamble = receive(_wire(data), 997, dest)
     assert preamble["size"] == len(data) and dest.read_bytes() == data
+
+
+def test_more_or_fewer_bytes_than_announced_are_refused(tmp_path: Path) -> None:
+    wire = _wire(b"z" * 5000)
+    with pytest.raises(PeerProtocolError, match="sent more than the 5000 bytes"):
+        receive(wire + b"!", 700, tmp_path / "a")
+    with pytest.raises(PeerProtocolError, match="ended after 4999 of the 5000 bytes"):
+        receive(wire[:-1], 700, tmp_path / "b")
+
+
+def test_a_download_past_its_deadline_stops(tmp_path: Path) -> None:
+    receiver = Receiver(tmp_path / "d", 10**9, "GET", "p", 0.0)
+    with pytest.raises(PeerDeadlineError, match="did not finish in time"), receiver:
+        time.sleep(0.01)
+        receiver.feed(_wire(b"q" * 10))
 
 
 def test_a_wrong_digest_is_refused_after_the_whole_file(tmp_path: Path) -> None:
     data = b"x" * 10_000
     with pytest.raises(PeerProtocolError, match="SHA-256"):
-        anyio.run(receive, _chunks(_wire(data, sha="0" * 64), 1000), tmp_path / "s", 10**9,
-                  "GET", "p", 30.0)
+        receive(_wire(data, sha="0" * 64), 1000, tmp_path / "s")
 
 
 class _FullDisk:

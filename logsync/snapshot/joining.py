@@ -94,8 +94,8 @@ def join_if_empty(palace: Path, peers: Sequence[Any], *, ca_file: str | None = N
     for peer in peers:
         label = getattr(peer, "name", None) or _redact(peer.url)
         try:
-            joined = anyio.run(_join_one, palace, peer, label, own_id, own_key, ca_file,
-                               timeout, max_bytes)
+            joined = _join_one(palace, peer, label, own_id, own_key, ca_file, timeout,
+                               max_bytes)
         except SnapshotRefused as exc:
             say(f"snapshot from {label} refused: {exc}; pulling op by op instead")
             return None
@@ -120,14 +120,42 @@ def _holds_events(db_path: Path) -> bool:
         return False  # Store.open below says what is wrong with it
 
 
-async def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: bytes | None,
-                    ca_file: str | None, request_timeout: float,
-                    max_bytes: int) -> Joined | None:
-    from logsync.client import PeerClient
+def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: bytes | None,
+              ca_file: str | None, request_timeout: float, max_bytes: int) -> Joined | None:
+    from logsync.client import tls_context
 
     began = time.monotonic()
-    # One short look, no retries: a peer that is down, or starting (joining itself), costs
-    # LOOK_S once, so a fleet of empty daemons started together never waits on each other.
+    answer, url = anyio.run(_look, peer, label, ca_file)
+    if not isinstance(answer, dict) or not parse_extensions(answer).snapshot:
+        return None  # a hub, or a logsync peer that serves none: the ordinary pull
+    vector = answer.get("version_vector")
+    if not isinstance(vector, dict) or not any(isinstance(n, int) and n > 0
+                                               for n in vector.values()):
+        return None  # nothing to join: an empty peer (a fleet started together)
+    tls = tls_context(True, ca_file) if ca_file or url.startswith("https:") else False
+    fd, name = tempfile.mkstemp(prefix=JOIN_PREFIX, suffix=".sqlite3", dir=palace)
+    os.close(fd)
+    candidate = Path(name)
+    try:
+        preamble = download_snapshot(url, peer.token, candidate, max_bytes, name=label,
+                                     tls=tls, timeout=request_timeout)
+        if preamble["replica_id"] != answer.get("replica_id"):
+            raise SnapshotRefused(f"it names replica {preamble['replica_id']}, not the "
+                                  f"{answer.get('replica_id')} that answered the vector")
+        held = _check_and_install(candidate, palace, preamble, own_id, own_key)
+    finally:
+        candidate.unlink(missing_ok=True)
+    return Joined(label, preamble["replica_id"], held["events"], held["artifacts"],
+                  held["origins"], preamble["size"], time.monotonic() - began)
+
+
+async def _look(peer: Any, label: str, ca_file: str | None) -> tuple[Any, str]:
+    """The peer's vector answer (None if it gave none) and its URL as the client checked
+    it. One short look, no retries: a peer that is down,
+    or starting (joining itself), costs LOOK_S once, so a fleet of empty daemons started
+    together never waits on each other."""
+    from logsync.client import PeerClient
+
     async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file, timeout=LOOK_S,
                           connect_timeout=LOOK_S, attempts=1, request_deadline=LOOK_S,
                           round_deadline=LOOK_S) as look:
@@ -135,29 +163,8 @@ async def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: b
             answer, _ = await look.fetch(Request("/sync/version_vector"))
         except PeerError as exc:  # the pull that follows reports an unreachable peer
             log.debug("peer %s: no snapshot looked for (%s)", label, exc)
-            return None
-    if not isinstance(answer, dict) or not parse_extensions(answer).snapshot:
-        return None  # a hub, or a logsync peer that serves none: the ordinary pull
-    vector = answer.get("version_vector")
-    if not isinstance(vector, dict) or not any(isinstance(n, int) and n > 0
-                                               for n in vector.values()):
-        return None  # nothing to join: an empty peer (a fleet started together)
-    async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file,
-                          timeout=request_timeout) as client:
-        fd, name = tempfile.mkstemp(prefix=JOIN_PREFIX, suffix=".sqlite3", dir=palace)
-        os.close(fd)
-        candidate = Path(name)
-        try:
-            preamble = await download_snapshot(client, candidate, max_bytes)
-            if preamble["replica_id"] != answer.get("replica_id"):
-                raise SnapshotRefused(f"it names replica {preamble['replica_id']}, not the "
-                                      f"{answer.get('replica_id')} that answered the vector")
-            held = await anyio.to_thread.run_sync(
-                _check_and_install, candidate, palace, preamble, own_id, own_key)
-        finally:
-            await anyio.Path(candidate).unlink(missing_ok=True)
-    return Joined(label, preamble["replica_id"], held["events"], held["artifacts"],
-                  held["origins"], preamble["size"], time.monotonic() - began)
+            return None, look.url
+    return answer, look.url
 
 
 def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], own_id: str,
