@@ -24,7 +24,13 @@ from typing import Any
 import httpx
 
 from logsync import __version__
-from logsync.answers import ACCEPT_ENCODING, error_text, parse_retry_after, translate_transport
+from logsync.answers import (
+    ACCEPT_ENCODING,
+    encoding_problem,
+    error_text,
+    parse_retry_after,
+    translate_transport,
+)
 from logsync.errorcodes import ERRORS_CODED, ERRORS_HEADER
 from logsync.errors import PeerProtocolError, PeerTooLargeError
 from logsync.fetchpolicy import FetchPolicy, PeerDeadlineError
@@ -38,22 +44,49 @@ ERROR_BODY_BYTES = 64 * 1024  # of a non-200 answer, read for its message
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-def download_snapshot(url: str, token: str | None, dest: Path, max_bytes: int, *, name: str,
-                      tls: Any = False, timeout: float = 30.0,
-                      base_deadline_s: float = BASE_DEADLINE_S) -> dict[str, Any]:
-    """`GET /sync/snapshot` into `dest` (blocking); the checked preamble. `tls` is httpx's
-    `verify` (`client.tls_context`). Each read waits at most `timeout`; the whole download
-    must end within `base_deadline_s` plus a second per MiB announced."""
-    where = f"peer {name}: GET {SNAPSHOT_PATH}"
+def open_client(url: str, token: str | None, *, tls: Any = False,
+                timeout: float = 30.0) -> httpx.Client:
+    """A blocking client for the look and the download, with the headers `PeerClient`
+    sends. `tls` is httpx's `verify` (`client.tls_context`); each read waits at most
+    `timeout` (the look's own is shorter)."""
     headers = {"User-Agent": f"logsync/{__version__}", "Accept": "application/json",
                ERRORS_HEADER: ERRORS_CODED, **ACCEPT_ENCODING}
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    return httpx.Client(base_url=url, headers=headers, verify=tls, follow_redirects=False,
+                        timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)))
+
+
+def look(http: httpx.Client, look_s: float) -> Any:
+    """`GET /sync/version_vector` once, within about `look_s`: the decoded answer, or None
+    for any failure (the ordinary pull that follows retries and reports it)."""
+    began = time.monotonic()
+    body = bytearray()
+    try:
+        with http.stream("GET", "/sync/version_vector",
+                         timeout=httpx.Timeout(look_s)) as response:
+            if response.status_code != 200 or encoding_problem(response.headers):
+                return None
+            for chunk in response.iter_raw():
+                body += chunk
+                if len(body) > MAX_PREAMBLE_BYTES or time.monotonic() - began > look_s:
+                    return None
+    except (httpx.HTTPError, httpx.StreamError):
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def download_snapshot(http: httpx.Client, dest: Path, max_bytes: int, *, name: str,
+                      base_deadline_s: float = BASE_DEADLINE_S) -> dict[str, Any]:
+    """`GET /sync/snapshot` into `dest` (blocking); the checked preamble. The whole
+    download must end within `base_deadline_s` plus a second per MiB announced."""
+    where = f"peer {name}: GET {SNAPSHOT_PATH}"
     receiver = Receiver(dest, max_bytes, where, name, base_deadline_s)
     try:
-        with httpx.Client(base_url=url, headers=headers, verify=tls, follow_redirects=False,
-                          timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0))) as http, \
-                http.stream("GET", SNAPSHOT_PATH) as response:
+        with http.stream("GET", SNAPSHOT_PATH) as response:
             if response.status_code != 200:
                 raise _status_error(response, where, name)
             with receiver:

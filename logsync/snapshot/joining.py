@@ -27,18 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
-
-from logsync.errors import LogsyncError, PeerError
+from logsync.errors import LogsyncError
 from logsync.model import utc_now_iso
+from logsync.peers import check_url, redact_url
 from logsync.snapshot import JOIN_PREFIX, SnapshotRefused
 from logsync.snapshot.chaincheck import prove_chains
 from logsync.snapshot.checking import audit, check_integrity, check_readonly, prepare
-from logsync.snapshot.download import download_snapshot
+from logsync.snapshot.download import download_snapshot, look, open_client
 from logsync.snapshot.making import remove_stale
 from logsync.store import Store
 from logsync.store.core import DB_FILENAME
-from logsync.wire import Request, parse_extensions
+from logsync.wire import parse_extensions
 
 log = logging.getLogger("logsync.snapshot")
 
@@ -92,7 +91,7 @@ def join_if_empty(palace: Path, peers: Sequence[Any], *, ca_file: str | None = N
         own_id, own_key = store.replica_id, store.public_key
     remove_stale(palace, JOIN_PREFIX)
     for peer in peers:
-        label = getattr(peer, "name", None) or _redact(peer.url)
+        label = getattr(peer, "name", None) or redact_url(peer.url)
         try:
             joined = _join_one(palace, peer, label, own_id, own_key, ca_file, timeout,
                                max_bytes)
@@ -122,49 +121,37 @@ def _holds_events(db_path: Path) -> bool:
 
 def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: bytes | None,
               ca_file: str | None, request_timeout: float, max_bytes: int) -> Joined | None:
-    from logsync.client import tls_context
-
     began = time.monotonic()
-    answer, url = anyio.run(_look, peer, label, ca_file)
-    if not isinstance(answer, dict) or not parse_extensions(answer).snapshot:
-        return None  # a hub, or a logsync peer that serves none: the ordinary pull
-    vector = answer.get("version_vector")
-    if not isinstance(vector, dict) or not any(isinstance(n, int) and n > 0
-                                               for n in vector.values()):
-        return None  # nothing to join: an empty peer (a fleet started together)
-    tls = tls_context(True, ca_file) if ca_file or url.startswith("https:") else False
-    fd, name = tempfile.mkstemp(prefix=JOIN_PREFIX, suffix=".sqlite3", dir=palace)
-    os.close(fd)
-    candidate = Path(name)
-    try:
-        preamble = download_snapshot(url, peer.token, candidate, max_bytes, name=label,
-                                     tls=tls, timeout=request_timeout)
-        if preamble["replica_id"] != answer.get("replica_id"):
-            raise SnapshotRefused(f"it names replica {preamble['replica_id']}, not the "
-                                  f"{answer.get('replica_id')} that answered the vector")
-        held = _check_and_install(candidate, palace, preamble, own_id, own_key)
-    finally:
-        candidate.unlink(missing_ok=True)
+    url = check_url(peer.url)
+    tls: Any = False
+    if ca_file or url.startswith("https:"):
+        from logsync.client import tls_context
+
+        tls = tls_context(True, ca_file)
+    with open_client(url, peer.token, tls=tls, timeout=request_timeout) as http:
+        # One short look, no retries: a peer that is down, or starting (joining itself),
+        # costs LOOK_S once, so a fleet of empty daemons started together never waits on
+        # each other; a peer that does not answer is left to the pull that follows.
+        answer = look(http, LOOK_S)
+        if not isinstance(answer, dict) or not parse_extensions(answer).snapshot:
+            return None  # a hub, or a logsync peer that serves none: the ordinary pull
+        vector = answer.get("version_vector")
+        if not isinstance(vector, dict) or not any(isinstance(n, int) and n > 0
+                                                   for n in vector.values()):
+            return None  # nothing to join: an empty peer (a fleet started together)
+        fd, name = tempfile.mkstemp(prefix=JOIN_PREFIX, suffix=".sqlite3", dir=palace)
+        os.close(fd)
+        candidate = Path(name)
+        try:
+            preamble = download_snapshot(http, candidate, max_bytes, name=label)
+            if preamble["replica_id"] != answer.get("replica_id"):
+                raise SnapshotRefused(f"it names replica {preamble['replica_id']}, not the "
+                                      f"{answer.get('replica_id')} that answered the vector")
+            held = _check_and_install(candidate, palace, preamble, own_id, own_key)
+        finally:
+            candidate.unlink(missing_ok=True)
     return Joined(label, preamble["replica_id"], held["events"], held["artifacts"],
                   held["origins"], preamble["size"], time.monotonic() - began)
-
-
-async def _look(peer: Any, label: str, ca_file: str | None) -> tuple[Any, str]:
-    """The peer's vector answer (None if it gave none) and its URL as the client checked
-    it. One short look, no retries: a peer that is down,
-    or starting (joining itself), costs LOOK_S once, so a fleet of empty daemons started
-    together never waits on each other."""
-    from logsync.client import PeerClient
-
-    async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file, timeout=LOOK_S,
-                          connect_timeout=LOOK_S, attempts=1, request_deadline=LOOK_S,
-                          round_deadline=LOOK_S) as look:
-        try:
-            answer, _ = await look.fetch(Request("/sync/version_vector"))
-        except PeerError as exc:  # the pull that follows reports an unreachable peer
-            log.debug("peer %s: no snapshot looked for (%s)", label, exc)
-            return None, look.url
-    return answer, look.url
 
 
 def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], own_id: str,
@@ -222,9 +209,3 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _redact(url: str) -> str:
-    from logsync.peers import redact_url
-
-    return redact_url(url)
