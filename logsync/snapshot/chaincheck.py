@@ -41,7 +41,7 @@ from logsync.chain import (
 from logsync.store.audit import CHAIN_ORIGINS_SQL
 from logsync.store.chaining import ORIGINS_SQL, ROW_COLUMNS, canonical
 
-SPLIT_OPS = 20_000  # an origin with more ops than this is checked in seq ranges
+SPLIT_OPS = 4096  # an origin with more ops than this is checked in seq ranges
 METADATA_CACHE = 4096  # distinct metadata texts whose canonical bytes are kept
 _VALUE_SQL = {
     **{k: f"e.{k}" for k in REQUIRED_TEXT},
