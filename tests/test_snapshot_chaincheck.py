@@ -335,3 +335,30 @@ def test_a_number_where_text_belongs_is_refused_though_its_chain_was_forged_to_m
         signed: Store, tmp_path: Path) -> None:
     said = _refused(signed, tmp_path, _number_in_to_agent)
     assert "departs from its ops at seq 12 (mismatch)" in said, said
+
+
+def test_an_unreadable_file_proves_nothing_and_raises_nothing(scratch: Path) -> None:
+    scratch.write_bytes(b"SQLite format 3\x00" + b"\x07" * 4000)
+    assert prove_chains(scratch) == set()
+    scratch.write_bytes(b"not a database at all" * 100)
+    assert prove_chains(scratch) == set()
+
+
+def test_a_good_snapshot_is_joined_without_the_reference_recomputation(
+        signed: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path is what a join uses: the reference recomputes only what it could
+    not prove (here nothing), so the join's cost is the fast path's."""
+    import test_snapshot as ts
+
+    from logsync.store import audit
+
+    def recomputed(*_: Any) -> Any:
+        raise AssertionError("the reference recomputation ran for a proven chain")
+
+    monkeypatch.setattr(audit, "first_problem", recomputed)
+    peer = ts.FakePeer(signed)
+    try:
+        joined = join_if_empty(tmp_path / "joiner", [Peer(url=peer.server.url)])
+    finally:
+        peer.server.close()
+    assert joined is not None and joined.events == 140

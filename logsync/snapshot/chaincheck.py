@@ -101,25 +101,10 @@ def prove_chains(path: Path, submit: Callable[..., Future[Any]] | Executor | Non
     each opens its own read-only connection, so SQLite's work runs in parallel.
     """
     run = getattr(submit, "submit", submit)
-    conn = _connect(path)
     try:
-        if not sqlite_quotes_like_python(conn) or \
-                str(conn.execute("PRAGMA encoding").fetchone()[0]) != "UTF-8":
-            return set()
-        events = {r[0] for r in conn.execute(ORIGINS_SQL)}
-        chained = {r[0] for r in conn.execute(CHAIN_ORIGINS_SQL)}
-        plans: dict[str, tuple[int, list[tuple[int, int]]]] = {}
-        for origin in events & chained:
-            ops, low, top = conn.execute(
-                "SELECT count(*), min(origin_seq), max(origin_seq) FROM events "
-                "WHERE origin_replica = ?", (origin,)).fetchone()
-            entries = conn.execute("SELECT count(*) FROM logsync_chain WHERE origin = ?",
-                                   (origin,)).fetchone()[0]
-            if type(low) is not int or type(top) is not int or entries != ops:
-                continue  # a missing or extra entry, or a seq that is not an integer
-            plans[origin] = (ops, _ranges(low, top, parts if ops > split else 1))
-    finally:
-        conn.close()
+        plans = _plan(path, split, parts)
+    except sqlite3.Error:  # an unreadable file: the checks that follow say what is wrong
+        return set()
     jobs = [(origin, lo, hi) for origin, (_, ranges) in plans.items() for lo, hi in ranges]
     if run is None:
         counts = [_check_range(path, *job) for job in jobs]
@@ -131,6 +116,32 @@ def prove_chains(path: Path, submit: Callable[..., Future[Any]] | Executor | Non
         held[origin] = -1 if count < 0 or held.get(origin, 0) < 0 else \
             held.get(origin, 0) + count
     return {o for o, (ops, _) in plans.items() if held.get(o) == ops}
+
+
+def _plan(path: Path, split: int, parts: int) -> dict[str, tuple[int, list[tuple[int, int]]]]:
+    """Per origin held with a chain: its op count and the seq ranges to check. An origin
+    this check cannot prove at all (entries and ops differ in number, or a seq is not an
+    integer) is left out: the reference audit names its first departure."""
+    conn = _connect(path)
+    try:
+        if not sqlite_quotes_like_python(conn) or \
+                str(conn.execute("PRAGMA encoding").fetchone()[0]) != "UTF-8":
+            return {}
+        events = {r[0] for r in conn.execute(ORIGINS_SQL)}
+        chained = {r[0] for r in conn.execute(CHAIN_ORIGINS_SQL)}
+        plans: dict[str, tuple[int, list[tuple[int, int]]]] = {}
+        for origin in events & chained:
+            ops, low, top = conn.execute(
+                "SELECT count(*), min(origin_seq), max(origin_seq) FROM events "
+                "WHERE origin_replica = ?", (origin,)).fetchone()
+            entries = conn.execute("SELECT count(*) FROM logsync_chain WHERE origin = ?",
+                                   (origin,)).fetchone()[0]
+            if type(low) is not int or type(top) is not int or entries != ops:
+                continue
+            plans[origin] = (ops, _ranges(low, top, parts if ops > split else 1))
+        return plans
+    finally:
+        conn.close()
 
 
 def _ranges(low: int, top: int, parts: int) -> list[tuple[int, int]]:
