@@ -362,3 +362,45 @@ def test_a_good_snapshot_is_joined_without_the_reference_recomputation(
     finally:
         peer.server.close()
     assert joined is not None and joined.events == 140
+
+
+def test_the_signatures_prepare_keeps_are_checked_beside_the_other_checks(
+        signed: Store, tmp_path: Path) -> None:
+    """`verify_kept_signatures` checks, on the file as downloaded, exactly the signatures
+    the audit would check after `prepare` (a checkpoint's and the highest signed op's,
+    with the kept key): an origin with a bad one is left to the audit, which names it."""
+    from logsync.snapshot import SnapshotRefused
+    from logsync.snapshot.checking import audit, prepare, verify_kept_signatures
+    from logsync.snapshot.making import make_copy
+
+    made = make_copy(signed.db_path, signed.replica_id)
+    origin, me, other = signed.replica_id, "rep_000000000001", "rep_0000000000ff"
+    try:
+        assert verify_kept_signatures(made.path, me, origin) == {origin: 3}  # 64, 128, 140
+        assert verify_kept_signatures(made.path, me, other) == {origin: 3}  # certified
+        conn = sqlite3.connect(made.path, isolation_level=None)
+        conn.execute("UPDATE logsync_chain SET signature = zeroblob(64) WHERE origin_seq = 128")
+        conn.close()
+        fresh = verify_kept_signatures(made.path, me, origin)
+        assert fresh == {}
+        prepare(made.path, me, None, origin, "2026-01-01T00:00:00Z")
+        with pytest.raises(SnapshotRefused, match="at seq 128 does not verify"):
+            audit(made.path, {origin}, fresh)
+    finally:
+        made.path.unlink()
+
+
+def test_a_key_the_pull_would_not_take_is_not_checked(signed: Store) -> None:
+    """Neither certified by its id nor the serving peer's: prepare drops the key and its
+    signatures, so nothing of it is checked (or counted as verified)."""
+    from logsync.snapshot.checking import verify_kept_signatures
+    from logsync.snapshot.making import make_copy
+
+    made = make_copy(signed.db_path, signed.replica_id)
+    try:
+        conn = sqlite3.connect(made.path, isolation_level=None)
+        conn.execute("UPDATE logsync_keys SET public_key = zeroblob(32)")
+        conn.close()
+        assert verify_kept_signatures(made.path, "rep_000000000001", "rep_0000000000ff") == {}
+    finally:
+        made.path.unlink()

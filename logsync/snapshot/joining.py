@@ -32,7 +32,13 @@ from logsync.model import utc_now_iso
 from logsync.peers import check_url, redact_url
 from logsync.snapshot import JOIN_PREFIX, SnapshotRefused
 from logsync.snapshot.chaincheck import prove_chains
-from logsync.snapshot.checking import audit, check_integrity, check_readonly, prepare
+from logsync.snapshot.checking import (
+    audit,
+    check_integrity,
+    check_readonly,
+    prepare,
+    verify_kept_signatures,
+)
 from logsync.snapshot.download import download_snapshot, look, open_client
 from logsync.snapshot.making import remove_stale
 from logsync.store import Store
@@ -163,10 +169,12 @@ def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], 
     # candidate is made ours and audited (signatures, artifacts, gaps, and the reference
     # recomputation of any chain not proven).
     # The download was not fsynced: its flush to disk starts now, beside the checks.
-    with ThreadPoolExecutor(max_workers=2 + CHAIN_WORKERS,
+    with ThreadPoolExecutor(max_workers=3 + CHAIN_WORKERS,
                             thread_name_prefix="snapshot-check") as pool:
         integrity = pool.submit(check_integrity, candidate)
         flushed = pool.submit(_fsync, candidate)
+        signed = pool.submit(verify_kept_signatures, candidate, own_id,
+                             preamble["replica_id"])
         try:
             proven = prove_chains(candidate, pool, parts=CHAIN_WORKERS)
         finally:
@@ -174,9 +182,10 @@ def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], 
         if failed is not None:
             raise failed
         flushed.result()
+        verified = signed.result()
     prepare(candidate, own_id, own_key, preamble["replica_id"],
             utc_now_iso(int(time.time() * 1000)))
-    held = audit(candidate, proven)
+    held = audit(candidate, proven, verified)
     _fsync(candidate)
     install(candidate, palace / DB_FILENAME)
     return held
