@@ -13,6 +13,11 @@ Signatures of an origin left without a key are dropped, and so are those a pulle
 never have stored (neither at a checkpoint nor the origin's highest signed op), since
 the audit verifies exactly those. Then the joiner's own key is recorded as `self`.
 Every failure raises `SnapshotRefused` with one sentence.
+
+For speed the chains are first proven by `chaincheck.py` and the kept signatures checked
+(`verify_kept_signatures`) on the file as downloaded, beside SQLite's integrity check;
+the audit then recomputes only a chain not proven and rechecks only an origin whose
+signatures were not all good, so its findings and sentences are the reference's.
 """
 
 from __future__ import annotations
