@@ -13,19 +13,24 @@ Signatures of an origin left without a key are dropped, and so are those a pulle
 never have stored (neither at a checkpoint nor the origin's highest signed op), since
 the audit verifies exactly those. Then the joiner's own key is recorded as `self`.
 Every failure raises `SnapshotRefused` with one sentence.
+
+For speed the chains are first proven by `chaincheck.py` and the kept signatures checked
+(`verify_kept_signatures`) on the file as downloaded, beside SQLite's integrity check;
+the audit then recomputes only a chain not proven and rechecks only an origin whose
+signatures were not all good, so its findings and sentences are the reference's.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from logsync.keys import certifies
 from logsync.pagechain import CHECKPOINT
 from logsync.snapshot import LOCAL_ONLY_TABLES, SnapshotRefused
-from logsync.store.audit import AuditReport, audit_store
+from logsync.store.audit import AuditReport, UnchainableOp, audit_store, check_signatures
 from logsync.store.schema import migrate, schema_problem
 from logsync.store.signing_state import SIGNED_TO_SQL
 
@@ -125,29 +130,73 @@ def _check_vector(conn: sqlite3.Connection, vector: Mapping[str, int], own_id: s
                               "only the ordinary pull may recover")
 
 
+def kept_source(origin: Any, key: Any, own_id: str, peer_id: str) -> str | None:
+    """The pull's rule for a keyring row of the snapshot (§12.2): kept as `certified` when
+    the origin's id certifies the key, as `pinned` when it is the serving peer's own (and
+    not ours), else not taken (None)."""
+    if certifies(origin, key):
+        return "certified"
+    if origin == peer_id and origin != own_id:
+        return "pinned"
+    return None
+
+
+def verify_kept_signatures(path: Path, own_id: str, peer_id: str) -> dict[str, int]:
+    """The signatures `prepare` keeps, checked now on the file as downloaded with the key
+    it keeps (the same rows: a checkpoint's or the highest signed op's), beside the other
+    checks: per origin whose every one verifies, how many were checked. An origin left
+    out is checked again by the audit, which names the first that fails."""
+    good: dict[str, int] = {}
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                               isolation_level=None)
+    except sqlite3.Error:
+        return good
+    try:
+        conn.execute("BEGIN")
+        for origin, key in conn.execute(
+                "SELECT origin, public_key FROM logsync_keys").fetchall():
+            if kept_source(origin, key, own_id, peer_id) is None or \
+                    not isinstance(key, bytes):
+                continue
+            top = conn.execute(SIGNED_TO_SQL, (origin,)).fetchone()
+            if top is None or type(top[0]) is not int:
+                continue
+            checked, failed_at = check_signatures(conn, origin, key, top[0])
+            if failed_at is None:
+                good[str(origin)] = checked
+    except sqlite3.Error:
+        return good
+    finally:
+        conn.close()
+    return good
+
+
 def prepare(path: Path, own_id: str, own_key: bytes | None, peer_id: str, now: str) -> None:
     """Rewrite what is per replica in the candidate (we own it): keys, signatures, local
     rows, unknown tables and indexes; then leave it a plain (non-WAL) file."""
     tables, indexes = reference_schema()
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.execute("PRAGMA journal_mode=DELETE")  # a plain rollback-journal file
+        # A temp file nobody else opens, fsynced before it is installed and removed if a
+        # kill interrupts this: no journal on disk and no fsync per commit needed.
+        conn.execute("PRAGMA journal_mode=MEMORY")
+        conn.execute("PRAGMA synchronous=OFF")
         conn.execute("BEGIN IMMEDIATE")
         for name in set(_tables(conn)) - set(tables):
             conn.execute(f'DROP TABLE "{name}"')
         for name in _indexes(conn) - indexes:
             conn.execute(f'DROP INDEX IF EXISTS "{name}"')
         conn.execute("DELETE FROM logsync_health")
-        for origin, key, _source in conn.execute(
-                "SELECT origin, public_key, source FROM logsync_keys").fetchall():
-            if certifies(origin, key):
-                conn.execute("UPDATE logsync_keys SET source = 'certified' WHERE origin = ?",
-                             (origin,))
-            elif origin == peer_id and origin != own_id:
-                conn.execute("UPDATE logsync_keys SET source = 'pinned' WHERE origin = ?",
-                             (origin,))
-            else:  # a third party's word, or a row for our own origin: not taken
+        for origin, key in conn.execute(
+                "SELECT origin, public_key FROM logsync_keys").fetchall():
+            source = kept_source(origin, key, own_id, peer_id)
+            if source is None:  # a third party's word, or a row for our own origin
                 conn.execute("DELETE FROM logsync_keys WHERE origin = ?", (origin,))
+            else:
+                conn.execute("UPDATE logsync_keys SET source = ? WHERE origin = ?",
+                             (source, origin))
         if own_key is not None:
             conn.execute("INSERT INTO logsync_keys (origin, public_key, source, first_seen) "
                          "VALUES (?, ?, 'self', ?)", (own_id, own_key, now))
@@ -165,12 +214,15 @@ def prepare(path: Path, own_id: str, own_key: bytes | None, peer_id: str, now: s
         conn.close()
 
 
-def audit(path: Path) -> dict[str, Any]:
+def audit(path: Path, proven: Collection[str] = (),
+          verified: Mapping[str, int] | None = None) -> dict[str, Any]:
     """`logsync verify`'s audit of the prepared candidate, plus gap-free signed origins;
-    the counts it held when every check passed."""
+    the counts it held when every check passed. The chains of `proven` origins were
+    already proven on this file (`chaincheck.prove_chains`); the others are recomputed.
+    The signatures of `verified` origins were checked (`verify_kept_signatures`)."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        report = audit_store(conn)
+        report = audit_store(conn, proven=proven, verified=verified)
         _first_failure(report)
         keyed = {r[0] for r in conn.execute("SELECT origin FROM logsync_keys")}
         for origin, top, _low, count in conn.execute(ORIGINS_VECTOR_SQL):
@@ -182,6 +234,9 @@ def audit(path: Path) -> dict[str, Any]:
         return {"events": events, "artifacts": int(artifacts), "origins": len(report.origins)}
     except sqlite3.DatabaseError as exc:
         raise SnapshotRefused(f"it cannot be audited ({exc})") from None
+    except UnchainableOp as exc:
+        raise SnapshotRefused(f"it holds an op no chain can be computed over ({exc})") \
+            from None
     finally:
         conn.close()
 

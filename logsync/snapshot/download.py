@@ -1,89 +1,223 @@
 """The joiner's side of the wire: read the preamble, write the file, check size and digest.
 
 Every value in the preamble is the peer's and checked before it is used; the file is
-written straight to disk a chunk at a time (memory stays one chunk), refused the moment
-it passes its announced size or the joiner's byte cap, and its SHA-256 must match.
+written to disk a chunk at a time (memory stays a few MiB), refused the moment it passes
+its announced size or the joiner's byte cap, and its SHA-256 must match. The download is
+a plain blocking GET (the joiner has nothing else to do meanwhile; an async client costs
+about half again the CPU per byte), and hashing and writing run on a thread of their own
+(both release the GIL), so they overlap the socket reads instead of adding to them. The
+file is not fsynced here: the joiner fsyncs the candidate before it installs it, and a
+file that is never installed need not be durable.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+import queue
 import re
-from collections.abc import AsyncIterator
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 
-from logsync.answers import translate_transport
+from logsync import __version__
+from logsync.answers import (
+    ACCEPT_ENCODING,
+    encoding_problem,
+    error_text,
+    parse_retry_after,
+    translate_transport,
+)
+from logsync.errorcodes import ERRORS_CODED, ERRORS_HEADER
 from logsync.errors import PeerProtocolError, PeerTooLargeError
-from logsync.fetchpolicy import PeerDeadlineError
+from logsync.fetchpolicy import FetchPolicy, PeerDeadlineError
 from logsync.ids import is_replica_id
 from logsync.snapshot import MAX_PREAMBLE_BYTES, SNAPSHOT_FORMAT, SNAPSHOT_PATH
 
 MIN_RATE = 1024 * 1024  # bytes per second a download must average past its base deadline
+MAX_QUEUED = 8 * 1024 * 1024  # bytes received but not yet hashed and written
+BASE_DEADLINE_S = 60.0  # a download must end within this plus a second per MIN_RATE bytes
+ERROR_BODY_BYTES = 64 * 1024  # of a non-200 answer, read for its message
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-async def download_snapshot(client: Any, dest: Path, max_bytes: int) -> dict[str, Any]:
-    """`GET /sync/snapshot` through a `PeerClient` (its connection, caps and error
-    translation) into `dest`; the checked preamble. Bounded in time: the client's
-    `request_deadline` plus a second per MiB announced."""
-    where = f"peer {client.name}: GET {SNAPSHOT_PATH}"
+def open_client(url: str, token: str | None, *, tls: Any = False,
+                timeout: float = 30.0) -> httpx.Client:
+    """A blocking client for the look and the download, with the headers `PeerClient`
+    sends. `tls` is httpx's `verify` (`client.tls_context`); each read waits at most
+    `timeout` (the look's own is shorter)."""
+    headers = {"User-Agent": f"logsync/{__version__}", "Accept": "application/json",
+               ERRORS_HEADER: ERRORS_CODED, **ACCEPT_ENCODING}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.Client(base_url=url, headers=headers, verify=tls, follow_redirects=False,
+                        timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)))
+
+
+def look(http: httpx.Client, look_s: float) -> Any:
+    """`GET /sync/version_vector` once, within about `look_s`: the decoded answer, or None
+    for any failure (the ordinary pull that follows retries and reports it)."""
+    began = time.monotonic()
+    body = bytearray()
     try:
-        async with client._http.stream("GET", SNAPSHOT_PATH) as response:
+        with http.stream("GET", "/sync/version_vector",
+                         timeout=httpx.Timeout(look_s)) as response:
+            if response.status_code != 200 or encoding_problem(response.headers):
+                return None
+            for chunk in response.iter_raw():
+                body += chunk
+                if len(body) > MAX_PREAMBLE_BYTES or time.monotonic() - began > look_s:
+                    return None
+    except (httpx.HTTPError, httpx.StreamError):
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+def download_snapshot(http: httpx.Client, dest: Path, max_bytes: int, *, name: str,
+                      base_deadline_s: float = BASE_DEADLINE_S) -> dict[str, Any]:
+    """`GET /sync/snapshot` into `dest` (blocking); the checked preamble. The whole
+    download must end within `base_deadline_s` plus a second per MiB announced."""
+    where = f"peer {name}: GET {SNAPSHOT_PATH}"
+    receiver = Receiver(dest, max_bytes, where, name, base_deadline_s)
+    try:
+        with http.stream("GET", SNAPSHOT_PATH) as response:
             if response.status_code != 200:
-                body = await client._read_capped(response, where)
-                client._check_status(response, bytes(body), where)
-                raise PeerProtocolError(f"{where} answered {response.status_code}",
-                                        peer=client.name)
-            return await receive(response.aiter_raw(), dest, max_bytes, where, client.name,
-                                 client.request_deadline)
-    except TimeoutError:
-        raise PeerDeadlineError(f"{where} did not finish in time", peer=client.name) from None
+                raise _status_error(response, where, name)
+            with receiver:
+                for chunk in response.iter_raw():
+                    receiver.feed(chunk)
+            return receiver.finish()
     except (httpx.HTTPError, httpx.StreamError) as exc:
-        raise translate_transport(exc, where, client.name) from None
+        raise translate_transport(exc, where, name) from None
 
 
-async def receive(chunks: AsyncIterator[bytes], dest: Path, max_bytes: int, where: str,
-                  peer: str, base_deadline_s: float) -> dict[str, Any]:
-    """Write the snapshot's file to `dest`; return its checked preamble."""
-    head = bytearray()
-    preamble: dict[str, Any] | None = None
-    digest, written = hashlib.sha256(), 0
-    with anyio.fail_after(base_deadline_s) as scope, dest.open("wb") as out:
-        async for chunk in chunks:
-            if preamble is None:
-                head += chunk
-                line, found, rest = bytes(head).partition(b"\n")
-                if not found:
-                    if len(head) > MAX_PREAMBLE_BYTES:
-                        raise PeerProtocolError(f"{where}: the preamble is longer than "
-                                                f"{MAX_PREAMBLE_BYTES} bytes", peer=peer)
-                    continue
-                preamble = parse_preamble(line, max_bytes, where, peer)
-                scope.deadline += preamble["size"] / MIN_RATE
-                chunk = rest
-            written += len(chunk)
-            if written > preamble["size"]:
-                raise PeerProtocolError(f"{where} sent more than the {preamble['size']} bytes "
-                                        "it announced", peer=peer)
-            digest.update(chunk)
-            out.write(chunk)
-        out.flush()
-        os.fsync(out.fileno())
-    if preamble is None:
-        raise PeerProtocolError(f"{where} ended before its preamble", peer=peer)
-    if written != preamble["size"]:
-        raise PeerProtocolError(f"{where} ended after {written} of the {preamble['size']} "
-                                "bytes it announced", peer=peer)
-    if digest.hexdigest() != preamble["sha256"]:
-        raise PeerProtocolError(f"{where}: the file's SHA-256 is {digest.hexdigest()}, not "
-                                f"the {preamble['sha256']} its preamble names", peer=peer)
-    return preamble
+def _status_error(response: httpx.Response, where: str, peer: str) -> Exception:
+    body = bytearray()
+    for chunk in response.iter_raw():
+        body += chunk
+        if len(body) >= ERROR_BODY_BYTES:
+            break
+    error = FetchPolicy().error_for_status(response.status_code, error_text(bytes(body)),
+                                           where, peer, parse_retry_after(response.headers))
+    return error or PeerProtocolError(f"{where} answered {response.status_code}", peer=peer)
+
+
+class Receiver:
+    """The file as it arrives: the preamble parsed from the first line, the rest handed
+    to a `_Sink`, every bound checked on every chunk."""
+
+    def __init__(self, dest: Path, max_bytes: int, where: str, peer: str,
+                 base_deadline_s: float) -> None:
+        self.dest, self.max_bytes, self.where, self.peer = dest, max_bytes, where, peer
+        self.deadline = time.monotonic() + base_deadline_s
+        self.preamble: dict[str, Any] | None = None
+        self.written = 0
+        self._head = bytearray()
+        self._sink: _Sink | None = None
+        self._sha256: str | None = None
+
+    def __enter__(self) -> Receiver:
+        self._out = self.dest.open("wb")
+        self._sink = _Sink(self._out)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            assert self._sink is not None
+            self._sha256 = self._sink.close()
+        finally:
+            self._out.close()
+
+    def feed(self, chunk: bytes) -> None:
+        if time.monotonic() > self.deadline:
+            raise PeerDeadlineError(f"{self.where} did not finish in time", peer=self.peer)
+        if self.preamble is None:
+            self._head += chunk
+            line, found, rest = bytes(self._head).partition(b"\n")
+            if not found:
+                if len(self._head) > MAX_PREAMBLE_BYTES:
+                    raise PeerProtocolError(f"{self.where}: the preamble is longer than "
+                                            f"{MAX_PREAMBLE_BYTES} bytes", peer=self.peer)
+                return
+            self.preamble = parse_preamble(line, self.max_bytes, self.where, self.peer)
+            self.deadline += self.preamble["size"] / MIN_RATE
+            chunk = rest
+        self.written += len(chunk)
+        if self.written > self.preamble["size"]:
+            raise PeerProtocolError(f"{self.where} sent more than the "
+                                    f"{self.preamble['size']} bytes it announced",
+                                    peer=self.peer)
+        assert self._sink is not None
+        self._sink.wait_below(MAX_QUEUED)  # the disk is behind: let it catch up
+        self._sink.put(chunk)
+
+    def finish(self) -> dict[str, Any]:
+        """After the last chunk (and `__exit__`): the preamble, if the file is whole."""
+        where, peer, preamble = self.where, self.peer, self.preamble
+        if preamble is None:
+            raise PeerProtocolError(f"{where} ended before its preamble", peer=peer)
+        if self.written != preamble["size"]:
+            raise PeerProtocolError(f"{where} ended after {self.written} of the "
+                                    f"{preamble['size']} bytes it announced", peer=peer)
+        if self._sha256 != preamble["sha256"]:
+            raise PeerProtocolError(f"{where}: the file's SHA-256 is {self._sha256}, not "
+                                    f"the {preamble['sha256']} its preamble names", peer=peer)
+        return preamble
+
+
+class _Sink:
+    """Hashes and writes the chunks it is given, in order, on a thread of its own."""
+
+    def __init__(self, out: Any) -> None:
+        self._out, self._digest = out, hashlib.sha256()
+        self._chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._lock = threading.Condition()
+        self._queued = 0
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="snapshot-sink", daemon=True)
+        self._thread.start()
+
+    def queued(self) -> int:
+        with self._lock:
+            return self._queued
+
+    def wait_below(self, limit: int) -> None:
+        with self._lock:
+            self._lock.wait_for(lambda: self._queued <= limit or not self._thread.is_alive())
+
+    def put(self, chunk: bytes) -> None:
+        if self._error is not None:
+            raise self._error  # e.g. the disk is full: the download stops here
+        with self._lock:
+            self._queued += len(chunk)
+        self._chunks.put(chunk)
+
+    def close(self) -> str:
+        """Wait for every chunk to be written; the SHA-256 hex of them all."""
+        self._chunks.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        self._out.flush()
+        return self._digest.hexdigest()
+
+    def _run(self) -> None:
+        while (chunk := self._chunks.get()) is not None:
+            if self._error is None:
+                try:
+                    self._digest.update(chunk)
+                    self._out.write(chunk)
+                except BaseException as exc:  # handed to the receiving side
+                    self._error = exc
+            with self._lock:
+                self._queued -= len(chunk)
+                self._lock.notify_all()
 
 
 def parse_preamble(line: bytes, max_bytes: int, where: str, peer: str) -> dict[str, Any]:

@@ -27,23 +27,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
-
-from logsync.errors import LogsyncError, PeerError
+from logsync.errors import LogsyncError
 from logsync.model import utc_now_iso
+from logsync.peers import check_url, redact_url
 from logsync.snapshot import JOIN_PREFIX, SnapshotRefused
-from logsync.snapshot.checking import audit, check_integrity, check_readonly, prepare
-from logsync.snapshot.download import download_snapshot
+from logsync.snapshot.chaincheck import prove_chains
+from logsync.snapshot.checking import (
+    audit,
+    check_integrity,
+    check_readonly,
+    prepare,
+    verify_kept_signatures,
+)
+from logsync.snapshot.download import download_snapshot, look, open_client
 from logsync.snapshot.making import remove_stale
 from logsync.store import Store
 from logsync.store.core import DB_FILENAME
-from logsync.wire import Request, parse_extensions
+from logsync.wire import parse_extensions
 
 log = logging.getLogger("logsync.snapshot")
 
 MAX_SNAPSHOT_BYTES = 64 * 1024**3
 INSTALL_LOCK_TIMEOUT_S = 1.0
 LOOK_S = 5.0  # one look at a peer's vector before joining from it
+CHAIN_WORKERS = 2  # threads proving seq ranges of a large origin's chain
 
 
 @dataclass(frozen=True)
@@ -90,10 +97,10 @@ def join_if_empty(palace: Path, peers: Sequence[Any], *, ca_file: str | None = N
         own_id, own_key = store.replica_id, store.public_key
     remove_stale(palace, JOIN_PREFIX)
     for peer in peers:
-        label = getattr(peer, "name", None) or _redact(peer.url)
+        label = getattr(peer, "name", None) or redact_url(peer.url)
         try:
-            joined = anyio.run(_join_one, palace, peer, label, own_id, own_key, ca_file,
-                               timeout, max_bytes)
+            joined = _join_one(palace, peer, label, own_id, own_key, ca_file, timeout,
+                               max_bytes)
         except SnapshotRefused as exc:
             say(f"snapshot from {label} refused: {exc}; pulling op by op instead")
             return None
@@ -118,42 +125,37 @@ def _holds_events(db_path: Path) -> bool:
         return False  # Store.open below says what is wrong with it
 
 
-async def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: bytes | None,
-                    ca_file: str | None, request_timeout: float,
-                    max_bytes: int) -> Joined | None:
-    from logsync.client import PeerClient
-
+def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: bytes | None,
+              ca_file: str | None, request_timeout: float, max_bytes: int) -> Joined | None:
     began = time.monotonic()
-    # One short look, no retries: a peer that is down, or starting (joining itself), costs
-    # LOOK_S once, so a fleet of empty daemons started together never waits on each other.
-    async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file, timeout=LOOK_S,
-                          connect_timeout=LOOK_S, attempts=1, request_deadline=LOOK_S,
-                          round_deadline=LOOK_S) as look:
-        try:
-            answer, _ = await look.fetch(Request("/sync/version_vector"))
-        except PeerError as exc:  # the pull that follows reports an unreachable peer
-            log.debug("peer %s: no snapshot looked for (%s)", label, exc)
-            return None
-    if not isinstance(answer, dict) or not parse_extensions(answer).snapshot:
-        return None  # a hub, or a logsync peer that serves none: the ordinary pull
-    vector = answer.get("version_vector")
-    if not isinstance(vector, dict) or not any(isinstance(n, int) and n > 0
-                                               for n in vector.values()):
-        return None  # nothing to join: an empty peer (a fleet started together)
-    async with PeerClient(peer.url, peer.token, name=label, ca_file=ca_file,
-                          timeout=request_timeout) as client:
+    url = check_url(peer.url)
+    tls: Any = False
+    if ca_file or url.startswith("https:"):
+        from logsync.client import tls_context
+
+        tls = tls_context(True, ca_file)
+    with open_client(url, peer.token, tls=tls, timeout=request_timeout) as http:
+        # One short look, no retries: a peer that is down, or starting (joining itself),
+        # costs LOOK_S once, so a fleet of empty daemons started together never waits on
+        # each other; a peer that does not answer is left to the pull that follows.
+        answer = look(http, LOOK_S)
+        if not isinstance(answer, dict) or not parse_extensions(answer).snapshot:
+            return None  # a hub, or a logsync peer that serves none: the ordinary pull
+        vector = answer.get("version_vector")
+        if not isinstance(vector, dict) or not any(isinstance(n, int) and n > 0
+                                                   for n in vector.values()):
+            return None  # nothing to join: an empty peer (a fleet started together)
         fd, name = tempfile.mkstemp(prefix=JOIN_PREFIX, suffix=".sqlite3", dir=palace)
         os.close(fd)
         candidate = Path(name)
         try:
-            preamble = await download_snapshot(client, candidate, max_bytes)
+            preamble = download_snapshot(http, candidate, max_bytes, name=label)
             if preamble["replica_id"] != answer.get("replica_id"):
                 raise SnapshotRefused(f"it names replica {preamble['replica_id']}, not the "
                                       f"{answer.get('replica_id')} that answered the vector")
-            held = await anyio.to_thread.run_sync(
-                _check_and_install, candidate, palace, preamble, own_id, own_key)
+            held = _check_and_install(candidate, palace, preamble, own_id, own_key)
         finally:
-            await anyio.Path(candidate).unlink(missing_ok=True)
+            candidate.unlink(missing_ok=True)
     return Joined(label, preamble["replica_id"], held["events"], held["artifacts"],
                   held["origins"], preamble["size"], time.monotonic() - began)
 
@@ -161,20 +163,29 @@ async def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: b
 def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], own_id: str,
                        own_key: bytes | None) -> dict[str, Any]:
     check_readonly(candidate, preamble["vector"], own_id)
-    prepare(candidate, own_id, own_key, preamble["replica_id"], utc_now_iso(int(time.time()
-                                                                                * 1000)))
-    # SQLite's integrity check (C, no GIL) on the other core while the audit recomputes
-    # the chains; both must pass before anything is installed
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-check") as pool:
+    # SQLite's integrity check (C, no GIL) runs on one core while the chains are proven
+    # (`chaincheck`: SQLite writes the canonical bytes, GIL-free too) on the others, both
+    # on the file as downloaded; both must pass before anything is installed. Then the
+    # candidate is made ours and audited (signatures, artifacts, gaps, and the reference
+    # recomputation of any chain not proven).
+    # The download was not fsynced: its flush to disk starts now, beside the checks.
+    with ThreadPoolExecutor(max_workers=3 + CHAIN_WORKERS,
+                            thread_name_prefix="snapshot-check") as pool:
         integrity = pool.submit(check_integrity, candidate)
+        flushed = pool.submit(_fsync, candidate)
+        signed = pool.submit(verify_kept_signatures, candidate, own_id,
+                             preamble["replica_id"])
         try:
-            held = audit(candidate)
-        except SnapshotRefused:
-            if integrity.exception() is not None:  # a damaged file: SQLite's words first
-                raise integrity.exception() from None  # type: ignore[misc]
-            raise
-        if integrity.exception() is not None:
-            raise integrity.exception()  # type: ignore[misc]
+            proven = prove_chains(candidate, pool, parts=CHAIN_WORKERS)
+        finally:
+            failed = integrity.exception()  # waits: nothing writes while a check reads
+        if failed is not None:
+            raise failed
+        flushed.result()
+        verified = signed.result()
+    prepare(candidate, own_id, own_key, preamble["replica_id"],
+            utc_now_iso(int(time.time() * 1000)))
+    held = audit(candidate, proven, verified)
     _fsync(candidate)
     install(candidate, palace / DB_FILENAME)
     return held
@@ -207,9 +218,3 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _redact(url: str) -> str:
-    from logsync.peers import redact_url
-
-    return redact_url(url)

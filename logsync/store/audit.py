@@ -26,7 +26,7 @@ spurious missing or extra entry.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,8 +165,15 @@ class AuditReport:
                 "artifacts": self.artifacts.to_json()}
 
 
-def audit_store(conn: sqlite3.Connection, origin: str | None = None) -> AuditReport:
-    """Every origin's chain (or only `origin`'s) and every artifact, in one read snapshot."""
+def audit_store(conn: sqlite3.Connection, origin: str | None = None, *,
+                proven: Collection[str] = (),
+                verified: Mapping[str, int] | None = None) -> AuditReport:
+    """Every origin's chain (or only `origin`'s) and every artifact, in one read snapshot.
+
+    The chains of the origins in `proven` are not recomputed here: the caller proved them
+    equal to the recomputation on this same file (`snapshot/chaincheck.py`); nor are the
+    signatures of those in `verified` (origin -> how many were checked, all good)."""
+    verified = verified or {}
     began = not conn.in_transaction
     if began:
         conn.execute("BEGIN")
@@ -174,16 +181,18 @@ def audit_store(conn: sqlite3.Connection, origin: str | None = None) -> AuditRep
         if origin is None:
             names = {r[0] for r in conn.execute(ORIGINS_SQL).fetchall()}
             names.update(r[0] for r in conn.execute(CHAIN_ORIGINS_SQL).fetchall())
-            origins = tuple(audit_origin(conn, o) for o in sorted(names, key=str))
+            origins = tuple(audit_origin(conn, o, o in proven, verified.get(o))
+                            for o in sorted(names, key=str))
         else:
-            origins = (audit_origin(conn, origin),)
+            origins = (audit_origin(conn, origin, origin in proven, verified.get(origin)),)
         return AuditReport(origins, audit_artifacts(conn))
     finally:
         if began and conn.in_transaction:
             conn.execute("ROLLBACK")  # it only read
 
 
-def audit_origin(conn: sqlite3.Connection, origin: str) -> OriginAudit:
+def audit_origin(conn: sqlite3.Connection, origin: str, proven: bool = False,
+                 verified: int | None = None) -> OriginAudit:
     ops, top = conn.execute(
         "SELECT count(*), max(origin_seq) FROM events WHERE origin_replica = ?", (origin,)
     ).fetchone()
@@ -191,29 +200,43 @@ def audit_origin(conn: sqlite3.Connection, origin: str) -> OriginAudit:
         "SELECT count(*) FROM logsync_chain WHERE origin = ?", (origin,)
     ).fetchone()[0]
     return OriginAudit(origin, int(ops), None if top is None else int(top), int(entries),
-                       first_problem(conn, origin), audit_signatures(conn, origin))
+                       None if proven else first_problem(conn, origin),
+                       audit_signatures(conn, origin, verified))
 
 
-def audit_signatures(conn: sqlite3.Connection, origin: str) -> SignatureAudit:
+def audit_signatures(conn: sqlite3.Connection, origin: str,
+                     verified: int | None = None) -> SignatureAudit:
     """Verify the origin's stored signatures at checkpoints and at its highest signed
-    seq against the stored digests, in seq order; stop at the first that fails."""
+    seq against the stored digests, in seq order; stop at the first that fails.
+    `verified`: the caller already checked these same signatures with this same key
+    on this file (that many, all good): they are not checked again."""
     signing = signing_states(conn, [origin])[origin]
     key = known_key(conn, origin)
     if key is None or not signing.signed_to:
         return SignatureAudit(signing, 0, None)
+    if verified is not None:
+        return SignatureAudit(signing, verified, None)
+    checked, failed_at = check_signatures(conn, origin, key, signing.signed_to)
+    return SignatureAudit(signing, checked, failed_at)
+
+
+def check_signatures(conn: sqlite3.Connection, origin: str, key: bytes,
+                     signed_to: int) -> tuple[int, int | None]:
+    """(signatures checked, the first seq whose signature fails or None): those at
+    checkpoints and at `signed_to`, one row in memory at a time."""
     checked = 0
     rows = conn.execute(
         "SELECT origin_seq, digest, signature FROM logsync_chain WHERE origin = ? "
         "AND signature IS NOT NULL AND (origin_seq % ? = 0 OR origin_seq = ?) "
         "ORDER BY origin_seq",
-        (origin, CHECKPOINT, signing.signed_to),
+        (origin, CHECKPOINT, signed_to),
     )
-    for seq, digest, signature in rows:  # one row in memory at a time
+    for seq, digest, signature in rows:
         checked += 1
         if not verify_digest(key, digest, signature):
             rows.close()
-            return SignatureAudit(signing, checked, int(seq))
-    return SignatureAudit(signing, checked, None)
+            return checked, int(seq)
+    return checked, None
 
 
 def first_problem(conn: sqlite3.Connection, origin: str) -> ChainProblem | None:
@@ -233,12 +256,20 @@ def first_problem(conn: sqlite3.Connection, origin: str) -> ChainProblem | None:
     return None
 
 
+class UnchainableOp(ValueError):
+    """An op the chain rule cannot be computed over (another program wrote a NULL where
+    the rule needs text, or a seq that is not an integer): named, not a traceback."""
+
+
 def _recomputed(conn: sqlite3.Connection, origin: str) -> Iterator[tuple[int, bytes]]:
     """`(origin_seq, digest)` of every held op, by the rule the write path uses."""
     prev = chain_start(origin)
     for batch in held_ops(conn, origin, LOWEST_SEQ):
         for row, pairs in batch:
-            prev = next_digest(prev, canonical(row, pairs))
+            try:
+                prev = next_digest(prev, canonical(row, pairs))
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise UnchainableOp(f"origin {origin} seq {row[_SEQ]!r}: {exc}") from None
             yield row[_SEQ], prev
 
 

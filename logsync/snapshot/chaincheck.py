@@ -1,0 +1,236 @@
+"""The fast check of every stored chain in a snapshot candidate (RFC 004 §9.6).
+
+Why: the reference recomputation (`store/audit.py`, `logsync verify`) builds every op's
+canonical bytes in Python, about 16 µs an op; a join of a large store spent most of its
+time there. Here SQLite writes the canonical bytes (`json_object` quotes strings with the
+same escapes as `json.dumps(..., ensure_ascii=False)`, in C and without the GIL), and
+Python only splices in the metadata (`chain.compact_metadata`, cached) and hashes.
+
+Each op is checked against the *stored* digest of the op below it: the stored digest of
+op n must equal SHA-256(stored digest of the held op below || canonical bytes of op n),
+starting from `chain_start(origin)`. When that holds for every op, every op has its own
+chain entry and there are no other entries, the stored chain is the recomputed one,
+op by op (by induction), so an origin may be split into seq ranges checked in parallel.
+
+This check only ever *proves* an origin; it never reports a problem. Whatever it cannot
+prove (a digest that differs, a missing or extra entry, a value of an unexpected type, a
+store that is not UTF-8, a SQLite whose quoting differs from Python's) is left to the
+reference audit, which finds and names the first departure exactly as `logsync verify`
+does. An op that names artifacts, or whose values are not plain text, takes the
+reference's canonical bytes (`chaining.canonical`) for that op alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, Future
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from logsync.chain import (
+    CANONICAL_KEYS,
+    OPTIONAL_TEXT,
+    REQUIRED_TEXT,
+    chain_start,
+    compact_metadata,
+)
+from logsync.store.audit import CHAIN_ORIGINS_SQL
+from logsync.store.chaining import ORIGINS_SQL, ROW_COLUMNS, canonical
+
+SPLIT_OPS = 4096  # an origin with more ops than this is checked in seq ranges
+METADATA_CACHE = 4096  # distinct metadata texts whose canonical bytes are kept
+_VALUE_SQL = {
+    **{k: f"e.{k}" for k in REQUIRED_TEXT},
+    **{k: f"nullif(e.{k}, '')" for k in OPTIONAL_TEXT},  # "" and NULL are both absent
+    "body": "coalesce(e.body, '')", "origin_seq": "e.origin_seq",
+    "artifacts": "json('[]')",  # an op that names artifacts takes the reference path
+}
+# Only plain text (optional fields: or NULL) and an integer seq take the SQL path:
+# json_object writes a number unquoted, where the reference writes its text.
+_GUARD_SQL = " AND ".join(
+    [f"typeof(e.{k}) = 'text'" for k in REQUIRED_TEXT]
+    + [f"typeof(e.{k}) IN ('text', 'null')" for k in (*OPTIONAL_TEXT, "body")]
+    + ["typeof(e.origin_seq) = 'integer'",
+       "NOT EXISTS (SELECT 1 FROM event_artifacts ea WHERE ea.event_id = e.id)"])
+
+
+def _object_sql(keys: Iterable[str]) -> str:
+    return "json_object(" + ", ".join(f"'{k}', {_VALUE_SQL[k]}" for k in keys) + ")"
+
+
+_SPLIT = CANONICAL_KEYS.index("metadata")
+# The canonical text up to `"metadata":` and from the `,` after it: the head's object
+# ends with a quoted id, the tail's starts with a key, so one brace comes off each.
+HEAD_SQL = (f"rtrim({_object_sql(CANONICAL_KEYS[:_SPLIT])}, '}}') || "
+            "',\"metadata\":'")
+TAIL_SQL = f"',' || ltrim({_object_sql(CANONICAL_KEYS[_SPLIT + 1:])}, '{{')"
+RANGE_SQL = (
+    f"SELECT e.origin_seq, CASE WHEN {_GUARD_SQL} THEN CAST({HEAD_SQL} AS BLOB) END, "
+    f"e.metadata_json, CAST({TAIL_SQL} AS BLOB), c.digest FROM events e "
+    "LEFT JOIN logsync_chain c ON c.origin = e.origin_replica AND c.origin_seq = e.origin_seq "
+    "WHERE e.origin_replica = ? AND e.origin_seq >= ? AND e.origin_seq <= ? "
+    "ORDER BY e.origin_seq"
+)
+# The stored digest of the held op just below a range (its predecessor in the chain).
+BELOW_SQL = (
+    "SELECT c.digest FROM events e LEFT JOIN logsync_chain c ON c.origin = e.origin_replica "
+    "AND c.origin_seq = e.origin_seq WHERE e.origin_replica = ? AND e.origin_seq < ? "
+    "ORDER BY e.origin_seq DESC LIMIT 1"
+)
+ONE_OP_SQL = (
+    f"SELECT {', '.join(f'e.{c}' for c in ROW_COLUMNS)}, ea.artifact_id, a.sha256 "
+    "FROM events e LEFT JOIN event_artifacts ea ON ea.event_id = e.id "
+    "LEFT JOIN artifacts a ON a.id = ea.artifact_id "
+    "WHERE e.origin_replica = ? AND e.origin_seq = ?"
+)
+
+
+class _Unproven(Exception):
+    """This range cannot be proven here (the reference audit decides)."""
+
+
+def prove_chains(path: Path, submit: Callable[..., Future[Any]] | Executor | None = None,
+                 *, split: int = SPLIT_OPS, parts: int = 2) -> set[str]:
+    """The origins whose stored chain this check proves equal to the recomputed one.
+
+    `submit` runs the range checks (an executor's `submit`, or None: one after the other);
+    each opens its own read-only connection, so SQLite's work runs in parallel.
+    """
+    run = getattr(submit, "submit", submit)
+    try:
+        plans = _plan(path, split, parts)
+    except sqlite3.Error:  # an unreadable file: the checks that follow say what is wrong
+        return set()
+    jobs = [(origin, lo, hi) for origin, (_, ranges) in plans.items() for lo, hi in ranges]
+    if run is None:
+        counts = [_check_range(path, *job) for job in jobs]
+    else:
+        futures = [run(_check_range, path, *job) for job in jobs]
+        counts = [f.result() for f in futures]
+    held: dict[str, int] = {}
+    for (origin, _, _), count in zip(jobs, counts, strict=True):
+        held[origin] = -1 if count < 0 or held.get(origin, 0) < 0 else \
+            held.get(origin, 0) + count
+    return {o for o, (ops, _) in plans.items() if held.get(o) == ops}
+
+
+def _plan(path: Path, split: int, parts: int) -> dict[str, tuple[int, list[tuple[int, int]]]]:
+    """Per origin held with a chain: its op count and the seq ranges to check. An origin
+    this check cannot prove at all (entries and ops differ in number, or a seq is not an
+    integer) is left out: the reference audit names its first departure."""
+    conn = _connect(path)
+    try:
+        if not sqlite_quotes_like_python(conn) or \
+                str(conn.execute("PRAGMA encoding").fetchone()[0]) != "UTF-8":
+            return {}
+        events = {r[0] for r in conn.execute(ORIGINS_SQL)}
+        chained = {r[0] for r in conn.execute(CHAIN_ORIGINS_SQL)}
+        plans: dict[str, tuple[int, list[tuple[int, int]]]] = {}
+        for origin in events & chained:
+            ops, low, top = conn.execute(
+                "SELECT count(*), min(origin_seq), max(origin_seq) FROM events "
+                "WHERE origin_replica = ?", (origin,)).fetchone()
+            entries = conn.execute("SELECT count(*) FROM logsync_chain WHERE origin = ?",
+                                   (origin,)).fetchone()[0]
+            if type(low) is not int or type(top) is not int or entries != ops:
+                continue
+            plans[origin] = (ops, _ranges(low, top, parts if ops > split else 1))
+        return plans
+    finally:
+        conn.close()
+
+
+def _ranges(low: int, top: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` contiguous inclusive seq ranges covering low..top."""
+    step = max(1, (top - low + parts) // parts)
+    bounds = [(lo, min(top, lo + step - 1)) for lo in range(low, top + 1, step)]
+    return bounds if bounds else [(low, top)]
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                           isolation_level=None, check_same_thread=False)
+
+
+def _check_range(path: Path, origin: str, lo: int, hi: int) -> int:
+    """The ops of `origin` in lo..hi, each checked against its stored digest; their
+    count, or -1 when any of them cannot be proven."""
+    conn = _connect(path)
+    try:
+        conn.execute("BEGIN")  # one read snapshot (nothing else writes the candidate)
+        below = conn.execute(BELOW_SQL, (origin, lo)).fetchone()
+        prev = chain_start(origin) if below is None else below[0]
+        return _check_rows(conn, origin, prev, conn.execute(RANGE_SQL, (origin, lo, hi)))
+    except (_Unproven, sqlite3.Error, ValueError, TypeError, AttributeError, RecursionError):
+        return -1  # e.g. json_object refuses a BLOB value: the reference audit decides
+    finally:
+        conn.close()
+
+
+def _check_rows(conn: sqlite3.Connection, origin: str, prev: Any,
+                rows: Iterable[tuple[Any, ...]]) -> int:
+    sha256, metadata_bytes, count, last = hashlib.sha256, _metadata_bytes, 0, None
+    for seq, head, meta, tail, stored in rows:
+        if type(stored) is not bytes or type(prev) is not bytes or \
+                (last is not None and seq <= last):
+            raise _Unproven
+        if head is None:
+            data = _reference_bytes(conn, origin, seq)
+        else:
+            if not (head.isascii() and tail.isascii()):
+                head.decode("utf-8"), tail.decode("utf-8")  # as strict as the reference
+            data = head + metadata_bytes(meta) + tail
+        if sha256(prev + data).digest() != stored:
+            raise _Unproven
+        prev, last, count = stored, seq, count + 1
+    return count
+
+
+def _metadata_bytes(meta: Any) -> bytes:
+    """The canonical metadata bytes of a stored value, as `chaining.canonical` takes it."""
+    if not isinstance(meta, str):
+        return b"{}"
+    if len(meta) > 1024:
+        return compact_metadata(meta).encode("utf-8", "surrogatepass")
+    return _short_metadata_bytes(meta)
+
+
+@lru_cache(maxsize=METADATA_CACHE)
+def _short_metadata_bytes(meta: str) -> bytes:
+    return compact_metadata(meta).encode("utf-8", "surrogatepass")
+
+
+def _reference_bytes(conn: sqlite3.Connection, origin: str, seq: Any) -> bytes:
+    """One op's canonical bytes by the write path's own rule (`chaining.held_ops` pairs
+    each op with the stored sha256 of every artifact it names)."""
+    width, row, pairs = len(ROW_COLUMNS), None, {}
+    for found in conn.execute(ONE_OP_SQL, (origin, seq)):
+        if row is not None and found[:width] != row:
+            raise _Unproven  # two ops at one seq
+        row = found[:width]
+        if found[width] is not None:
+            pairs[found[width]] = found[width + 1]
+    if row is None:
+        raise _Unproven
+    return canonical(row, pairs)
+
+
+# Every ASCII character, the escapes' edge cases and multi-byte UTF-8.
+_PROBE = "".join(map(chr, range(128))) + "é\u2028\u00a0\U0001f600\\\"/"
+
+
+def sqlite_quotes_like_python(conn: sqlite3.Connection) -> bool:
+    """Whether this SQLite's `json_object` writes strings, NULLs and integers exactly as
+    `chain.canonical_row` does (it has since SQLite's JSON1; checked, not assumed)."""
+    try:
+        got = conn.execute("SELECT CAST(json_object('a', ?, 'b', NULL, 'c', ?, 'd', "
+                           "json('[]')) AS BLOB)", (_PROBE, -(2**63))).fetchone()[0]
+    except sqlite3.Error:
+        return False
+    want = json.dumps({"a": _PROBE, "b": None, "c": -(2**63), "d": []}, separators=(",", ":"),
+                      ensure_ascii=False).encode("utf-8")
+    return bytes(got) == want

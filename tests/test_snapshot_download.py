@@ -1,0 +1,116 @@
+"""The snapshot download's sink (`logsync/snapshot/download.py`): the file is hashed and
+written on a thread of its own, in order, with a bounded backlog; a write that fails
+stops the download with that error (no traceback from the thread, nothing half-checked).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from logsync.errors import PeerProtocolError
+from logsync.fetchpolicy import PeerDeadlineError
+from logsync.snapshot import download
+from logsync.snapshot.download import Receiver, _Sink
+
+REPLICA = "rep_0123456789ab"
+
+
+def _wire(data: bytes, *, sha: str | None = None) -> bytes:
+    preamble = {"format": "logsync-snapshot-1", "replica_id": REPLICA, "vector": {REPLICA: 3},
+                "size": len(data), "sha256": sha or hashlib.sha256(data).hexdigest()}
+    return json.dumps(preamble).encode() + b"\n" + data
+
+
+def receive(wire: bytes, size: int, dest: Path) -> dict[str, Any]:
+    """The wire bytes fed `size` at a time, as `download_snapshot` feeds a response."""
+    receiver = Receiver(dest, 10**9, "GET", "p", 30.0)
+    with receiver:
+        for i in range(0, len(wire), size):
+            receiver.feed(wire[i:i + size])
+    return receiver.finish()
+
+
+def test_the_file_arrives_whole_and_in_order_through_a_slow_disk(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(download, "MAX_QUEUED", 3000)  # the backlog bound is reached
+    data = bytes(range(256)) * 400
+    slow_write = _Sink._run
+
+    def slowly(self: _Sink) -> None:
+        time.sleep(0.05)
+        slow_write(self)
+
+    monkeypatch.setattr(_Sink, "_run", slowly)
+    dest = tmp_path / "snap"
+    preamble = receive(_wire(data), 997, dest)
+    assert preamble["size"] == len(data) and dest.read_bytes() == data
+
+
+def test_more_or_fewer_bytes_than_announced_are_refused(tmp_path: Path) -> None:
+    wire = _wire(b"z" * 5000)
+    with pytest.raises(PeerProtocolError, match="sent more than the 5000 bytes"):
+        receive(wire + b"!", 700, tmp_path / "a")
+    with pytest.raises(PeerProtocolError, match="ended after 4999 of the 5000 bytes"):
+        receive(wire[:-1], 700, tmp_path / "b")
+
+
+def test_a_download_past_its_deadline_stops(tmp_path: Path) -> None:
+    receiver = Receiver(tmp_path / "d", 10**9, "GET", "p", 0.0)
+    with pytest.raises(PeerDeadlineError, match="did not finish in time"), receiver:
+        time.sleep(0.01)
+        receiver.feed(_wire(b"q" * 10))
+
+
+def test_a_wrong_digest_is_refused_after_the_whole_file(tmp_path: Path) -> None:
+    data = b"x" * 10_000
+    with pytest.raises(PeerProtocolError, match="SHA-256"):
+        receive(_wire(data, sha="0" * 64), 1000, tmp_path / "s")
+
+
+class _FullDisk:
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def write(self, chunk: bytes) -> None:
+        if len(chunk) > self.room:
+            raise OSError(28, "No space left on device")
+        self.room -= len(chunk)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_failed_write_stops_the_download_with_its_own_error() -> None:
+    sink = _Sink(_FullDisk(2500))
+    with pytest.raises(OSError, match="No space left"):
+        for _ in range(1000):
+            sink.put(b"y" * 1000)
+            time.sleep(0.001)
+    with pytest.raises(OSError, match="No space left"):
+        sink.close()
+    assert sink.queued() == 0
+
+
+def test_close_waits_for_every_chunk() -> None:
+    written: list[bytes] = []
+
+    class Out:
+        def write(self, chunk: bytes) -> Any:
+            time.sleep(0.001)
+            written.append(chunk)
+
+        def flush(self) -> None:
+            pass
+
+    sink = _Sink(Out())
+    for i in range(50):
+        sink.put(bytes([i]) * 10)
+    digest = sink.close()
+    assert b"".join(written) == b"".join(bytes([i]) * 10 for i in range(50))
+    assert digest == hashlib.sha256(b"".join(written)).hexdigest()
