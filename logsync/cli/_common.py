@@ -74,7 +74,7 @@ def no_palace(ctx: click.Context, palace: Path) -> NoPalaceError:
 
 @contextmanager
 def open_store(ctx: click.Context, *, read_only: bool = False, must_exist: bool | None = None,
-               palace: Path | None = None) -> Iterator[Store]:
+               palace: Path | None = None, check: bool = True) -> Iterator[Store]:
     """The palace's store; read commands pass ``read_only=True``.
 
     ``must_exist`` (default: ``read_only``): a missing palace is an error (`no_palace`)
@@ -85,6 +85,8 @@ def open_store(ctx: click.Context, *, read_only: bool = False, must_exist: bool 
     a store that needs one of those first (an older schema, a palace logsync never opened)
     is an error naming `logsync init`, unless --create allows the writable open that sets
     it up. Store.open makes a new directory 0700 and never changes an existing one's mode.
+    ``check=False`` skips the open's quick check (a file just checked whole, a joined
+    snapshot).
     """
     create = may_create(ctx)
     palace = palace_of(ctx) if palace is None else palace
@@ -99,7 +101,7 @@ def open_store(ctx: click.Context, *, read_only: bool = False, must_exist: bool 
             if not create:
                 raise
     if store is None:
-        store = Store.open(palace)
+        store = Store.open(palace, check=check)
     try:
         yield store
     finally:

@@ -136,7 +136,8 @@ def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str
                                say=lambda line: click.echo(f"  {line}", err=True))
         if joined is not None and not as_json:
             click.echo(f"  {joined.line()}")
-    with open_store(ctx) as store:
+    # a joined snapshot passed the integrity check a moment ago: no second quick check
+    with open_store(ctx, check=joined is None) as store:
         results = [_sync_one(store, p, ca_file, timeout, terminal, pull=not push_only,
                              push=not pull_only) for p in targets]
         _record(palace, targets, results, peer_url is None)
