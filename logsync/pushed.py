@@ -110,7 +110,7 @@ def accept_push(store: StoreLike, body: object, pusher: str,
     answer.update(applied=progress.applied, duplicates=progress.duplicates,
                   conflicts=progress.conflicts, quarantined=progress.quarantined,
                   artifacts=progress.artifacts,
-                  top=store.origin_top(origin),
+                  top=max(top, progress.reached),  # what the apply reached, unread
                   diverged=progress.stop_reason == STOP_DIVERGED)
     if progress.stop_reason not in ("", STOP_CAUGHT_UP):
         answer["stopped"] = progress.stop_reason
