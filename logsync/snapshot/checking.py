@@ -22,6 +22,7 @@ signatures were not all good, so its findings and sentences are the reference's.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -40,8 +41,10 @@ ORIGINS_VECTOR_SQL = (
 )
 
 
+@functools.cache
 def reference_schema() -> tuple[dict[str, set[str]], set[str]]:
-    """The tables (with their columns) and indexes a current logsync store has."""
+    """The tables (with their columns) and indexes a current logsync store has (made once
+    per process; callers only read it)."""
     conn = sqlite3.connect(":memory:", isolation_level=None)
     conn.row_factory = sqlite3.Row
     try:

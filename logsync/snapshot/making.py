@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from logsync.keys import certifies
+from logsync.pagechain import CHECKPOINT
 from logsync.responder import json_bytes
 from logsync.snapshot import LOCAL_ONLY_TABLES, SERVE_PREFIX, SNAPSHOT_FORMAT
 from logsync.store.faults import BUSY_TIMEOUT_S
@@ -144,8 +145,17 @@ def make_copy(db_path: Path, replica_id: str) -> SnapshotFile:
     return SnapshotFile(path, vector, size, digest, replica_id)
 
 
+# Signatures other than each origin's checkpoints and its highest signed op: a joiner drops
+# them (`checking.prepare`), so the copy leaves them out once instead of every joiner.
+STRIP_SIGNATURES_SQL = (
+    "UPDATE logsync_chain SET signature = NULL WHERE signature IS NOT NULL "
+    "AND origin_seq % ? != 0 AND origin_seq != (SELECT max(c.origin_seq) FROM logsync_chain c "
+    "WHERE c.origin = logsync_chain.origin AND c.signature IS NOT NULL)")
+
+
 def scrub(conn: sqlite3.Connection, replica_id: str) -> None:
-    """Delete the source's own rows; its key becomes an ordinary origin key."""
+    """Delete the source's own rows; its key becomes an ordinary origin key; signatures a
+    joiner would drop go."""
     conn.execute("PRAGMA journal_mode=DELETE")  # a plain file: no -wal beside it
     conn.execute("BEGIN IMMEDIATE")
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -157,6 +167,8 @@ def scrub(conn: sqlite3.Connection, replica_id: str) -> None:
                 "SELECT origin, public_key FROM logsync_keys WHERE source = 'self'").fetchall():
             kind = "certified" if certifies(str(origin), bytes(key)) else "pinned"
             conn.execute("UPDATE logsync_keys SET source = ? WHERE origin = ?", (kind, origin))
+    if "logsync_chain" in tables:  # only the signatures a joiner keeps (as a puller would)
+        conn.execute(STRIP_SIGNATURES_SQL, (CHECKPOINT,))
     conn.execute("COMMIT")
 
 
