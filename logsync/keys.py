@@ -11,6 +11,7 @@ can verify: the key file is read and minted by ``logsync/keyfile.py``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from nacl.exceptions import CryptoError
@@ -25,6 +26,7 @@ SIGNATURE_DOMAIN = b"logsync-op-sig-v1\x00"
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 DIGEST_BYTES = 32  # a chain digest (`logsync.chain`)
+VERIFIED_KEPT = 8192  # verification results remembered (`_verified`)
 
 
 # ── identity (pure) ───────────────────────────────────────────────────
@@ -70,6 +72,14 @@ def verify_digest(public_key: object, digest: object, signature: object) -> bool
     sig = _raw(signature, SIGNATURE_BYTES)
     if key is None or body is None or sig is None:
         return False
+    return _verified(key, body, sig)
+
+
+@functools.lru_cache(maxsize=VERIFIED_KEPT)
+def _verified(key: bytes, body: bytes, sig: bytes) -> bool:
+    """Ed25519 verification, a pure function of its bytes: the same signature reaching us
+    again (the same op in a pulled page, a pushed page and a page frame; every simulated
+    node) is checked once. Bounded: the least recently used results go."""
     try:
         VerifyKey(key).verify(SIGNATURE_DOMAIN + body, sig)
     except (CryptoError, ValueError, TypeError):  # BadSignatureError is a CryptoError

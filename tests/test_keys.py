@@ -462,3 +462,24 @@ def test_the_seed_never_appears_in_any_sync_answer(store: Store) -> None:
             assert seed not in text.encode("utf-8", "surrogatepass")
             answered += status == 200
     assert answered >= 4
+
+
+def test_verification_is_remembered_only_for_the_exact_bytes() -> None:
+    """The same (key, digest, signature) is checked once; any other byte is checked
+    afresh, and the memory is bounded."""
+    from nacl.signing import SigningKey
+
+    from logsync import keys
+
+    signer = SigningKey.generate()
+    public = bytes(signer.verify_key)
+    digest = bytes(range(32))
+    good = keys.sign_digest(signer, digest)
+    keys._verified.cache_clear()
+    assert keys.verify_digest(public, digest, good)
+    assert keys.verify_digest(public, digest, good)
+    assert keys._verified.cache_info().hits == 1
+    bad = bytes([good[0] ^ 1]) + good[1:]
+    assert not keys.verify_digest(public, digest, bad)
+    assert not keys.verify_digest(public, bytes(31) + b"\x01", good)
+    assert keys._verified.cache_info().maxsize == keys.VERIFIED_KEPT
