@@ -54,7 +54,13 @@ def write_parts(store: Any, write: Write, own: str, cache: dict[tuple[Any, ...],
         key = ("page-frame", origin, after, min(top - after, PAGE_FRAME_OPS))
         page = cache.get(key) if cache is not None else None
         if page is None:
-            page = push_page(store, origin, after, key[3], PAGE_FRAME_BYTES, own)
+            try:
+                page = push_page(store, origin, after, key[3], PAGE_FRAME_BYTES, own)
+            except ValueError as exc:  # an op that cannot be encoded: the pull reports it
+                log.warning("origin %s above %d cannot go in a page frame (%s); named "
+                            "instead", origin, after, exc)
+                named[origin] = top
+                continue
             if cache is not None:
                 cache[key] = page
         if page.count and page.complete:

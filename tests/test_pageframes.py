@@ -208,3 +208,22 @@ def test_the_watcher_reads_each_frame_by_its_event_type() -> None:
     anyio.run(main)
     assert seen == [("rep_" + "1" * 32, 7), (None, None), ("rep_" + "3" * 32, 4)]
     assert pages == [b"{}"]
+
+
+def test_a_page_that_cannot_be_encoded_is_named_instead(tmp_path, monkeypatch) -> None:
+    """A page the responder cannot encode (or that does not fit whole) is named, so the
+    subscriber pulls it and the pull path reports what is wrong; nothing raises."""
+    from logsync import streamframes
+    from logsync.outbox import Write
+
+    def unencodable(*args, **kwargs):
+        raise ValueError("the payload nests too deeply to encode as JSON")
+
+    with Store.open(tmp_path / "p") as pub:
+        _append(pub, 2)
+        write = Write(pages={pub.replica_id: (0, 2)})
+        bodies, named = streamframes.write_parts(pub, write, pub.replica_id)
+        assert len(bodies) == 1 and named == {}
+        monkeypatch.setattr(streamframes, "push_page", unencodable)
+        bodies, named = streamframes.write_parts(pub, write, pub.replica_id)
+        assert bodies == [] and named == {pub.replica_id: 2}
