@@ -201,6 +201,8 @@ class _Server:
         self._store, self._factory, self.owns_store = store, factory, store is None
         self.notifier = notifier or ChangeNotifier()
         self.probe = _LatestProbe(self, settings.sse_poll_s)
+        self.vector_probe = _LatestProbe(self, settings.sse_poll_s,
+                                         read=lambda store: store.version_vector())
         self.sse_clients = 0
         self.sse_by_host: dict[str, int] = {}
         self._shutdown = False

@@ -4,7 +4,8 @@ A logsync subscriber that sends `X-Logsync-Frames: pages` with its replica id ge
 place of one upstream frame per event, what its `outbox.Outbox` owes it: pages of the
 ops it is not known to hold, named tops for the origins it streams directly, written
 at most once per coalescing window. What changed is read from the store's version
-vector (index seeks, whatever the backlog), never by listing events. The slot,
+vector (index seeks, whatever the backlog; read once per poll for all page streams, at
+once after a change), never by listing events. The slot,
 heartbeat, send timeout and shutdown rules are the event stream's (`stream.py`).
 """
 
@@ -26,7 +27,9 @@ class PagePump:
 
     def __init__(self, outbox: Outbox, vector: dict[str, int],
                  holds: Callable[[str, int], bool]) -> None:
-        self.outbox, self.vector, self.holds = outbox, dict(vector), holds
+        self.outbox, self.holds = outbox, holds
+        self.tops = dict(vector)  # what this stream has seen of the store, per origin
+        self.read: Any = None  # the probe's last answer (a new dict on each read)
 
     async def __call__(self, srv: Any, send: Any) -> None:
         """Writes until shutdown begins (then return: the caller ends the body)."""
@@ -35,14 +38,14 @@ class PagePump:
         generation = srv.notifier.generation
         last_write, changed = time.monotonic(), False
         while not srv.shutting_down():
-            if changed:
-                vector = await srv.run(lambda store: store.version_vector())
-                now = time.monotonic()
+            vector = await srv.vector_probe.latest(generation) if changed else self.read
+            if vector is not self.read:  # the probe read anew: what grew is owed
+                self.read, now = vector, time.monotonic()
                 for origin, top in vector.items():
-                    old = self.vector.get(origin, 0)
+                    old = self.tops.get(origin, 0)
                     if top > old:
                         outbox.add(origin, old + 1, top, now)
-                self.vector = dict(vector)
+                        self.tops[origin] = top
             write = outbox.take(time.monotonic(), self.holds)
             if write:
                 body = await srv.run(functools.partial(encode_write, write=write,

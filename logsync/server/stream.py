@@ -122,6 +122,7 @@ class StreamHost(Protocol):
     cfg: StreamSettings
     notifier: ChangeNotifier
     probe: _LatestProbe
+    vector_probe: _LatestProbe  # the store's version vector, for page streams
 
     async def run(self, fn: Callable[[Any], Any]) -> Any: ...
 
@@ -140,17 +141,20 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 
 class _LatestProbe:
-    """The newest event id, looked up at most once per interval for all streams."""
+    """The newest event id (or what `read` reads), looked up at most once per interval
+    for all streams, and at once after a change."""
 
-    def __init__(self, server: StreamHost, interval: float) -> None:
+    def __init__(self, server: StreamHost, interval: float,
+                 read: Callable[[Any], Any] = lambda store: store.latest_event_id()) -> None:
         self._server = server
         self._interval = interval
-        self._value: str | None = None
+        self._read = read
+        self._value: Any = None
         self._at = -math.inf
         self._generation = -1
         self._pending: anyio.Event | None = None
 
-    async def latest(self, generation: int) -> str | None:
+    async def latest(self, generation: int) -> Any:
         fresh = time.monotonic() - self._at < self._interval
         if generation == self._generation and fresh:
             return self._value
@@ -159,7 +163,7 @@ class _LatestProbe:
             return self._value
         self._pending = anyio.Event()
         try:
-            value = await self._server.run(lambda store: store.latest_event_id())
+            value = await self._server.run(self._read)
             self._value, self._at, self._generation = value, time.monotonic(), generation
         finally:
             pending, self._pending = self._pending, None
