@@ -20,8 +20,16 @@ from logsync.chain import chain_start
 from logsync.errors import StoreError, ValidationError
 from logsync.keys import sign_digest, verify_digest
 from logsync.pagechain import CHECKPOINT, UNSIGNED, PageProof, verify_page
-from logsync.store.apply import ApplyResult, apply_page, stored_row
+from logsync.store.apply import (
+    ApplyResult,
+    _Applier,
+    _ApplyState,
+    apply_page,
+    record_ledgers,
+    stored_row,
+)
 from logsync.store.chaining import repair_origin
+from logsync.store.fastpage import Prepared, fresh, prepare_page, write_prepared
 from logsync.store.faults import describe_fault
 from logsync.store.keyring import known_key, pin_published
 from logsync.store.ledgers import conflict_row, quarantine_row, record_conflicts, record_quarantine
@@ -188,6 +196,37 @@ def _page_shas(
     return shas
 
 
+def _fast_apply(
+    conn: sqlite3.Connection, replica_id: str, events: Sequence[Any], artifacts: Sequence[Any],
+    origin: str, after: int, prev: bytes, signatures: Mapping[int, bytes] | None,
+    now_ms: int, prepared: Prepared | None,
+) -> ApplyResult | None:
+    """The page through `fastpage` when all its ops are fresh, else None (nothing
+    written: the caller judges it op by op). The origin's top and tip are read once."""
+    top = conn.execute("SELECT max(origin_seq) FROM events WHERE origin_replica = ?",
+                       (origin,)).fetchone()[0] or 0
+    tip = conn.execute(TIP_SQL, (origin,)).fetchone()
+    tip = None if tip is None else (int(tip[0]), bytes(tip[1]))
+    key = known_key(conn, origin)
+    if prepared is None or prepared.events is not events or prepared.key != key \
+            or (prepared.origin, prepared.after, prepared.prev) != (origin, after, prev):
+        if top != after:
+            return None
+        prepared = prepare_page(events, origin, after, prev, _page_shas(conn, events, artifacts),
+                                key, signatures)
+    if prepared is None or not fresh(conn, prepared, tip, top, artifacts):
+        return None
+    state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
+    _Applier(conn, replica_id, state).apply_artifacts(artifacts)
+    write_prepared(conn, prepared)
+    record_ledgers(conn, state)
+    applied = len(prepared.rows)
+    return ApplyResult(applied=applied, conflicts=len(state.conflicts),
+                       quarantined=len(state.quarantine),
+                       artifacts_applied=state.artifacts_applied,
+                       high_water={origin: prepared.last}, applied_per_origin={origin: applied})
+
+
 def _refuse(
     conn: sqlite3.Connection, now_ms: int, events: Sequence[Any], origin: str,
     failure: tuple[str, int, str],
@@ -256,15 +295,24 @@ class ChainViews:
     def apply_chained(
         self, events: Sequence[Any], artifacts: Sequence[Any], origin: str, after: int,
         prev: bytes, signatures: Mapping[int, bytes] | None = None,
+        prepared: Prepared | None = None,
     ) -> ApplyResult:
         """`apply_remote` for a page whose server says its chain of `origin` at `after` is
         `prev`, in one transaction: applied only when ours is the same (else nothing is,
         and the result names the divergence, `diverged`), and for an origin whose key we
         know, only when the page proves itself (`pagechain.verify_page`: else its failing
-        op is quarantined and the origin stops). Verified signatures are stored."""
+        op is quarantined and the origin stops). Verified signatures are stored.
+        `prepared`: `prepare_chained` of this page (another thread may have run it while
+        an earlier page was written); a page all of whose ops are fresh goes the fast
+        path (`store/fastpage.py`), anything else the checks below."""
         now_ms = self._wall_ms()
         own = origin == self.replica_id  # type: ignore[attr-defined]
         with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
+            if not own and events:
+                fast = _fast_apply(conn, self.replica_id, events, artifacts,  # type: ignore[attr-defined]
+                                   origin, after, prev, signatures, now_ms, prepared)
+                if fast is not None:
+                    return fast
             bring_up_to_date(conn, origin, self._own_signer(origin))
             # our own origin is verified from the peer's `prev` (the signature binds it):
             # ours may differ below it (a slot re-used after a restore), and apply then
@@ -305,6 +353,21 @@ class ChainViews:
                 # sign what we now hold, and can serve it on
                 sign_own_chain(conn, origin, signer)
             return result
+
+    def prepare_chained(
+        self, events: Sequence[Any], artifacts: Sequence[Any], origin: str, after: int,
+        prev: bytes, signatures: Mapping[int, bytes] | None = None,
+    ) -> Prepared | None:
+        """The fast path's work on a page, outside any transaction (it reads the origin's
+        key and the named artifacts' shas; `apply_chained` checks both again): None when
+        the page is not one for it."""
+        if origin == self.replica_id or not events:  # type: ignore[attr-defined]
+            return None
+
+        def read(conn: sqlite3.Connection) -> tuple[bytes | None, dict[str, str | None]]:
+            return known_key(conn, origin), _page_shas(conn, events, artifacts)
+        key, shas = self._guarded(read)
+        return prepare_page(events, origin, after, prev, shas, key, signatures)
 
     def _own_signer(self, origin: str) -> Any:
         """How to sign `origin`'s digests: only our own origin, only with our key."""
