@@ -55,6 +55,8 @@ class Prepared:
     links: list[tuple[str, str]]  # (event_id, artifact_id)
     chain: list[tuple[str, int, bytes, bytes | None]]  # `INSERT_CHAIN` tuples
     last: int  # the origin_seq of the page's last op
+    row_chunks: list[Chunk]  # `rows` as `plan_rows` writes them
+    chain_chunks: list[Chunk]
 
 
 def prepare_page(
@@ -107,7 +109,8 @@ def prepare_page(
             return None  # the reference quarantines it (bad signature)
         rows.append(values)
         chain.append((origin, seq, digest, signature))
-    return Prepared(events, origin, after, prev, key, used, rows, links, chain, seen)
+    return Prepared(events, origin, after, prev, key, used, rows, links, chain, seen,
+                    plan_rows(INSERT_EVENT, rows), plan_rows(INSERT_CHAIN, chain))
 
 
 def carried_shas(artifacts: Sequence[Any]) -> dict[str, str] | None:
@@ -163,36 +166,50 @@ def held_shas(conn: sqlite3.Connection, ids: list[str]) -> dict[str, str]:
 
 def write_prepared(conn: sqlite3.Connection, prepared: Prepared) -> None:
     """Insert the page's rows, links and chain entries (after `fresh` said yes)."""
-    insert_rows(conn, INSERT_EVENT, prepared.rows)
+    run_chunks(conn, INSERT_EVENT, prepared.rows, prepared.row_chunks)
     if prepared.links:
         conn.executemany(
             "INSERT OR IGNORE INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)",
             prepared.links)
-    insert_rows(conn, INSERT_CHAIN, prepared.chain)
+    run_chunks(conn, INSERT_CHAIN, prepared.chain, prepared.chain_chunks)
 
 
 # Rows per multi-row INSERT, largest first: each size is one cached statement, and any
-# count is a sum of them (17 columns x 256 rows stays under SQLite's 32766 variables).
-_CHUNK_SIZES = (256, 64, 16, 4, 1)
+# count is a sum of them (17 columns x 1024 rows stays under SQLite's 32766 variables).
+# Few large chunks: the writing thread takes the GIL back once per chunk, and another
+# thread running Python makes it wait up to the switch interval each time.
+_CHUNK_SIZES = (1024, 256, 64, 16, 4, 1)
 _SHAPES: dict[tuple[str, int], str] = {}
+Chunk = tuple[str, int, list[Any]]  # (statement, rows, their values flattened)
 
 
-def insert_rows(conn: sqlite3.Connection, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
-    """`conn.executemany(sql, rows)` for a single-row `INSERT ... VALUES (?, ...)`, as a
-    few multi-row statements: the same rows in the same order (so the same rowids), one
-    SQLite step (without the GIL) per chunk instead of per row."""
-    if not rows:
-        return
-    most = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(rows[0])
+def plan_rows(sql: str, rows: Sequence[tuple[Any, ...]]) -> list[Chunk]:
+    """The multi-row statements that insert `rows` (a single-row `INSERT ... VALUES
+    (?, ...)` each) in order, with their parameters flattened: pure, so a preparing
+    thread does it and the writer only binds and steps."""
+    chunks_out: list[Chunk] = []
     start = 0
-    for size in (s for s in _CHUNK_SIZES if s <= most):
-        shape = _shape(sql, size)
+    for size in _CHUNK_SIZES:
         while len(rows) - start >= size:
             chunk = rows[start : start + size]
-            conn.execute(shape, [value for row in chunk for value in row])
+            chunks_out.append((_shape(sql, size), size,
+                               [value for row in chunk for value in row]))
             start += size
-    if start < len(rows):  # a build allowing fewer variables than a row has
-        conn.executemany(sql, rows[start:])
+    return chunks_out
+
+
+def run_chunks(conn: sqlite3.Connection, sql: str, rows: Sequence[tuple[Any, ...]],
+               planned: list[Chunk]) -> None:
+    """Insert `rows` as `plan_rows` planned: the same rows in the same order (so the same
+    rowids) as `executemany(sql, rows)`, one SQLite step (without the GIL) per chunk."""
+    if not rows:
+        return
+    most = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    if max(len(values) for _, _, values in planned) > most:
+        conn.executemany(sql, rows)  # a build allowing fewer variables
+        return
+    for statement, _size, values in planned:
+        conn.execute(statement, values)
 
 
 def _shape(sql: str, size: int) -> str:
