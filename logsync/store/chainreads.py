@@ -20,16 +20,9 @@ from logsync.chain import chain_start
 from logsync.errors import StoreError, ValidationError
 from logsync.keys import sign_digest, verify_digest
 from logsync.pagechain import CHECKPOINT, UNSIGNED, PageProof, verify_page
-from logsync.store.apply import (
-    ApplyResult,
-    _Applier,
-    _ApplyState,
-    apply_page,
-    record_ledgers,
-    stored_row,
-)
+from logsync.store.apply import ApplyResult, apply_page, apply_prepared, stored_row
 from logsync.store.chaining import repair_origin
-from logsync.store.fastpage import Prepared, fresh, prepare_page, write_prepared
+from logsync.store.fastpage import Prepared, origin_state, page_shas, prepare_page
 from logsync.store.faults import describe_fault
 from logsync.store.keyring import known_key, pin_published
 from logsync.store.ledgers import conflict_row, quarantine_row, record_conflicts, record_quarantine
@@ -46,6 +39,7 @@ TIP_SQL = (
 # The ops of each side recorded per divergence (the first differing ones), so a long
 # fork costs a bounded ledger, and the rest is found again by the next search.
 MAX_FORKS_RECORDED = 500
+_page_shas = page_shas  # its name before it moved to `fastpage` (tests import it)
 MAX_TIP_SIGNATURES = 4096  # per vector answer: a huge one costs a bounded apply
 MAX_KEY_CHANGES_RECORDED = 16  # per vector answer: a peer inventing keys cannot flood the ledger
 
@@ -176,26 +170,6 @@ def signatures_of(conn: sqlite3.Connection, origin: str, seqs: Sequence[int]) ->
     return {int(r[0]): bytes(r[1]) for r in rows if int(r[0]) in wanted}
 
 
-def _page_shas(
-    conn: sqlite3.Connection, events: Sequence[Any], artifacts: Sequence[Any]
-) -> dict[str, str | None]:
-    """The sha256 of every artifact the page names: what we hold, else what the page (or
-    the round) brought, as declared (apply checks it against the content)."""
-    named = sorted({a for e in events if isinstance(e, Mapping)
-                    and isinstance(e.get("artifact_ids"), list)
-                    for a in e["artifact_ids"] if isinstance(a, str)})
-    shas: dict[str, str | None] = {}
-    for chunk in chunks(named, 500):
-        marks = ",".join("?" * len(chunk))
-        shas.update((r[0], r[1]) for r in conn.execute(
-            f"SELECT id, sha256 FROM artifacts WHERE id IN ({marks})", chunk))
-    for art in artifacts:
-        if isinstance(art, Mapping) and isinstance(art.get("id"), str) \
-                and art["id"] not in shas and isinstance(art.get("sha256"), str):
-            shas[art["id"]] = art["sha256"]
-    return shas
-
-
 def _fast_apply(
     conn: sqlite3.Connection, replica_id: str, events: Sequence[Any], artifacts: Sequence[Any],
     origin: str, after: int, prev: bytes, signatures: Mapping[int, bytes] | None,
@@ -203,28 +177,17 @@ def _fast_apply(
 ) -> ApplyResult | None:
     """The page through `fastpage` when all its ops are fresh, else None (nothing
     written: the caller judges it op by op). The origin's top and tip are read once."""
-    top = conn.execute("SELECT max(origin_seq) FROM events WHERE origin_replica = ?",
-                       (origin,)).fetchone()[0] or 0
-    tip = conn.execute(TIP_SQL, (origin,)).fetchone()
-    tip = None if tip is None else (int(tip[0]), bytes(tip[1]))
+    top, tip = origin_state(conn, origin)
     key = known_key(conn, origin)
     if prepared is None or prepared.events is not events or prepared.key != key \
             or (prepared.origin, prepared.after, prepared.prev) != (origin, after, prev):
         if top != after:
             return None
-        prepared = prepare_page(events, origin, after, prev, _page_shas(conn, events, artifacts),
+        prepared = prepare_page(events, origin, after, prev, page_shas(conn, events, artifacts),
                                 key, signatures)
-    if prepared is None or not fresh(conn, prepared, tip, top, artifacts):
+    if prepared is None:
         return None
-    state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
-    _Applier(conn, replica_id, state).apply_artifacts(artifacts)
-    write_prepared(conn, prepared)
-    record_ledgers(conn, state)
-    applied = len(prepared.rows)
-    return ApplyResult(applied=applied, conflicts=len(state.conflicts),
-                       quarantined=len(state.quarantine),
-                       artifacts_applied=state.artifacts_applied,
-                       high_water={origin: prepared.last}, applied_per_origin={origin: applied})
+    return apply_prepared(conn, replica_id, prepared, artifacts, top, tip, now_ms)
 
 
 def _refuse(
@@ -325,7 +288,7 @@ class ChainViews:
             key = known_key(conn, origin)
             proof = None
             if key is not None and events:
-                proof = verify_page(key, prev, events, _page_shas(conn, events, artifacts),
+                proof = verify_page(key, prev, events, page_shas(conn, events, artifacts),
                                     signatures or {})
                 if not isinstance(proof, PageProof) and own and proof[0] == UNSIGNED:
                     # ops of ours this peer cannot prove: recorded, never recovered, and
@@ -365,7 +328,7 @@ class ChainViews:
             return None
 
         def read(conn: sqlite3.Connection) -> tuple[bytes | None, dict[str, str | None]]:
-            return known_key(conn, origin), _page_shas(conn, events, artifacts)
+            return known_key(conn, origin), page_shas(conn, events, artifacts)
         key, shas = self._guarded(read)
         return prepare_page(events, origin, after, prev, shas, key, signatures)
 

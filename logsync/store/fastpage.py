@@ -154,6 +154,31 @@ def fresh(conn: sqlite3.Connection, prepared: Prepared, tip: tuple[int, bytes] |
     return True
 
 
+def origin_state(conn: sqlite3.Connection, origin: str) -> tuple[int, tuple[int, bytes] | None]:
+    """The origin's top held origin_seq (0: none) and its chain tip `(seq, digest)`."""
+    top = conn.execute("SELECT max(origin_seq) FROM events WHERE origin_replica = ?",
+                       (origin,)).fetchone()[0]
+    tip = conn.execute("SELECT origin_seq, digest FROM logsync_chain WHERE origin = ? "
+                       "ORDER BY origin_seq DESC LIMIT 1", (origin,)).fetchone()
+    return top or 0, None if tip is None else (int(tip[0]), bytes(tip[1]))
+
+
+def page_shas(
+    conn: sqlite3.Connection, events: Sequence[Any], artifacts: Sequence[Any]
+) -> dict[str, str | None]:
+    """The sha256 of every artifact the page names: what we hold, else what the page (or
+    the round) brought, as declared (apply checks it against the content)."""
+    named = sorted({a for e in events if isinstance(e, Mapping)
+                    and isinstance(e.get("artifact_ids"), list)
+                    for a in e["artifact_ids"] if isinstance(a, str)})
+    shas: dict[str, str | None] = dict(held_shas(conn, named))
+    for art in artifacts:
+        if isinstance(art, Mapping) and isinstance(art.get("id"), str) \
+                and art["id"] not in shas and isinstance(art.get("sha256"), str):
+            shas[art["id"]] = art["sha256"]
+    return shas
+
+
 def held_shas(conn: sqlite3.Connection, ids: list[str]) -> dict[str, str]:
     """The stored sha256 of each of these artifacts we hold."""
     out: dict[str, str] = {}
