@@ -282,7 +282,10 @@ class PeerClient:
     async def _perform(self, step: Step, report: RoundReport,
                        prefetcher: Prefetcher | None = None) -> Any:
         if isinstance(step, Batch):
-            return await self._perform_batch(step.requests, report)
+            answers = await self._perform_batch(step.requests, report)
+            if prefetcher is not None:
+                prefetcher.prepare_batch(step.requests, answers)
+            return answers
         if prefetcher is not None and step.path == OPS_PATH:
             answer, size = await prefetcher.take(step)
             prefetcher.after(step, answer)

@@ -14,7 +14,7 @@ checks again, inside its transaction, everything the preparation assumed.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -23,7 +23,7 @@ from anyio.abc import TaskGroup
 
 from logsync.effects import ApplyPage, StoreLike
 from logsync.errors import PeerError
-from logsync.fetchpolicy import prefetch_guess, request_key
+from logsync.fetchpolicy import OPS_PATH, prefetch_guess, request_key
 from logsync.report import RoundReport
 from logsync.wire import EXT_CHAIN, EXT_INLINE_ARTIFACTS, EXTENSIONS_PARAM, Request, parse_page
 
@@ -43,7 +43,8 @@ class _Prefetch:
 class _Preparing:
     """One page being prepared in a worker thread: the store's `Prepared`, once done."""
 
-    def __init__(self, events: list[Any]) -> None:
+    def __init__(self, origin: str, events: list[Any]) -> None:
+        self.origin = origin
         self.events = events  # held, so its id() is not re-used while we wait
         self.done = anyio.Event()
         self.prepared: Any = None
@@ -83,11 +84,20 @@ class Prefetcher:
         slot = self._pending[request_key(guess)] = _Prefetch()
         self._group.start_soon(self._fill, guess, slot)
 
+    def prepare_batch(self, requests: Sequence[Request], answers: Sequence[Any]) -> None:
+        """Prepare the first pages a `Batch` brought (several origins' at once) while the
+        origins before each are pulled."""
+        for request, answer in zip(requests, answers, strict=True):
+            if request.path == OPS_PATH and not isinstance(answer, BaseException):
+                self._prepare_soon(request, answer)
+
     async def prepared_for(self, effect: ApplyPage) -> Any:
         """The store's preparation of this very page, if one was started (waited for),
-        else None. Preparations of other pages are dropped."""
+        else None. Other preparations of its origin (wrong guesses) are dropped."""
         preparing = self._preparing.pop(id(effect.events), None)
-        self._preparing.clear()
+        for key, other in list(self._preparing.items()):
+            if other.origin == effect.origin:
+                del self._preparing[key]
         if preparing is None or preparing.events is not effect.events:
             return None
         await preparing.done.wait()
@@ -100,15 +110,16 @@ class Prefetcher:
             slot.error = exc
         finally:
             slot.done.set()
-        if slot.error is None and self._prepare is not None:
-            await self._prepare_page(request, slot.answer)
+        if slot.error is None:
+            self._prepare_soon(request, slot.answer)
 
-    async def _prepare_page(self, request: Request, answer: Any) -> None:
-        """Parse the page as the engine will (a page it refuses is not prepared) and run
+    def _prepare_soon(self, request: Request, answer: Any) -> None:
+        """Parse the page as the engine will (a page it refuses is not prepared), note it
+        at once (so an apply of it waits for it rather than doing the work twice) and run
         the store's preparation in a worker thread."""
         params = request.params
         asked = str(params.get(EXTENSIONS_PARAM, "")).split(",")
-        if EXT_CHAIN not in asked:
+        if self._prepare is None or EXT_CHAIN not in asked:
             return
         try:
             page = parse_page(answer, self._peer, params["origin"], params["after"],
@@ -118,7 +129,10 @@ class Prefetcher:
             return
         if not page.events or page.prev is None:
             return
-        preparing = self._preparing[id(page.events)] = _Preparing(page.events)
+        preparing = self._preparing[id(page.events)] = _Preparing(page.origin, page.events)
+        self._group.start_soon(self._run, preparing, page)
+
+    async def _run(self, preparing: _Preparing, page: Any) -> None:
         try:
             preparing.prepared = await anyio.to_thread.run_sync(
                 self._prepare, page.events, list(page.inline.values()), page.origin,

@@ -302,3 +302,32 @@ def test_a_pull_prepares_pages_ahead_and_ends_as_the_reference(author, tmp_path)
     assert any(used) and len(used) == 5
     assert dump(fast)["events"] == dump(slow)["events"]
     assert dump(fast)["logsync_chain"] == dump(slow)["logsync_chain"]
+
+
+def test_first_pages_of_several_origins_are_prepared_while_the_first_is_pulled(tmp_path):
+    """A round fetches the first pages of several origins at once (a `Batch`): each is
+    prepared while the origins before it are pulled, and the store uses it."""
+    authors = []
+    for n in range(3):
+        author = Store.open(tmp_path / f"author{n}")
+        for i in range(12):
+            author.append_event("task.ask", "s", "r", "alice", body=f"{n} {i}")
+        authors.append(author)
+    relay = Store.open(tmp_path / "relay")
+    for author in authors:
+        run_round(relay, StorePeer(author, profile=LOGSYNC_SERVER))
+    used: list[tuple[str, int, bool]] = []
+    real = Store.apply_chained
+
+    def spy(self, events, artifacts, origin, after, *args, prepared=None, **kw):  # type: ignore[no-untyped-def]
+        used.append((origin, after, prepared is not None))
+        return real(self, events, artifacts, origin, after, *args, prepared=prepared, **kw)
+
+    target = Store.open(tmp_path / "target")
+    with mock.patch.object(Store, "apply_chained", spy):
+        report = run_round(target, StorePeer(relay, profile=LOGSYNC_SERVER))
+    assert report.applied == 36
+    firsts = {origin: ready for origin, after, ready in used if after == 0}
+    assert len(firsts) == 3 and sum(firsts.values()) >= 2
+    assert target.version_vector() == relay.version_vector()
+    assert target.audit().ok
