@@ -7,16 +7,17 @@ writes with one `executemany` step per row. The fast path does the same work onc
 op, and nothing it decides differs from the reference:
 
 - `prepare_page` (pure, no SQL: it may run in another thread while an earlier page is
-  written) validates every op with the same validator, chains each validated row
-  (`chaining.canonical`, the bytes `extend_chains` and `verify` hash) from the page's
-  `prev`, and checks every signature `pagechain.verify_page` would check. Anything
+  written) validates every op with the same validator, chains each validated row (the
+  bytes `chaining.canonical` gives, which `extend_chains` and `verify` hash) from the
+  page's `prev`, and checks every signature `pagechain.verify_page` would check. Anything
   else (an invalid op or artifact, a seq out of order, an id twice, an artifact without
   a sha, a signature that does not verify) answers None.
-- `commit_prepared` (inside the write transaction) checks what makes every op fresh:
-  our top and chain tip of the origin are exactly `after` (digest `prev`), no page id is
-  held, every named artifact's sha is still the one prepared. Any doubt answers None
-  *before writing anything*, and the caller runs the reference path instead, whose
-  answer (a conflict, a quarantine, a refusal) is then the one recorded.
+- `fresh` (inside the write transaction, for `apply.apply_prepared`) checks what makes
+  every op fresh: our top and chain tip of the origin are exactly `after` (digest
+  `prev`), no page id is held, the page's artifacts all valid, every named artifact's
+  sha still the one prepared. Any doubt answers False *before anything is written*, and
+  the caller runs the reference checks instead, whose answer (a conflict, a quarantine,
+  a refusal) is then the one recorded.
 
 A signed op chains the same from the served op and from its validated row (the store's
 `verify` relies on it; `tests/test_fastpage.py` checks it against `verify_page`).
@@ -32,11 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from logsync import model
-from logsync.chain import next_digest
+from logsync.chain import canonical_row, compact_metadata, next_digest
 from logsync.errors import ValidationError
 from logsync.keys import verify_digest
 from logsync.pagechain import carries_signature
-from logsync.store.chaining import INSERT_CHAIN, canonical
+from logsync.store.chaining import INSERT_CHAIN
 from logsync.store.rows import chunks
 from logsync.store.schema import INSERT_EVENT
 
@@ -103,7 +104,12 @@ def prepare_page(
             row["status"], row["body"], row["created_at"], row["metadata_json"], origin, seq,
             row["hlc"],
         )
-        digest = next_digest(digest, canonical(values, pairs))
+        try:  # `chaining.canonical` without its repair of types no validated row has
+            data = canonical_row(*values[:13], compact_metadata(values[13]), *values[14:],
+                                 pairs)
+        except (TypeError, ValueError, AttributeError):
+            return None
+        digest = next_digest(digest, data)
         signature = sigs.get(seq) if key is not None and carries_signature(seq, last) else None
         if signature is not None and not verify_digest(key, digest, signature):
             return None  # the reference quarantines it (bad signature)
@@ -168,10 +174,13 @@ def page_shas(
 ) -> dict[str, str | None]:
     """The sha256 of every artifact the page names: what we hold, else what the page (or
     the round) brought, as declared (apply checks it against the content)."""
-    named = sorted({a for e in events if isinstance(e, Mapping)
-                    and isinstance(e.get("artifact_ids"), list)
-                    for a in e["artifact_ids"] if isinstance(a, str)})
-    shas: dict[str, str | None] = dict(held_shas(conn, named))
+    found: set[str] = set()
+    for e in events:  # `type is dict` first: an ABC check per op costs more than the rest
+        if type(e) is dict or isinstance(e, Mapping):
+            ids = e.get("artifact_ids")
+            if ids and isinstance(ids, list):
+                found.update(a for a in ids if isinstance(a, str))
+    shas: dict[str, str | None] = dict(held_shas(conn, sorted(found)))
     for art in artifacts:
         if isinstance(art, Mapping) and isinstance(art.get("id"), str) \
                 and art["id"] not in shas and isinstance(art.get("sha256"), str):
