@@ -76,10 +76,13 @@ def author(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     store.close()
 
 
-def replica(root: Path, name: str, author: Store) -> Store:
+def replica(root: Path, name: str, author: Store, *, pinned: bool = True) -> Store:
+    """A replica that knows the author's key (`pinned`), or one that has never seen it
+    (its pages are then chained unchecked, as from an origin that publishes none)."""
     store = Store.open(root / name, wall_ms=FakeClock(), new_id=CountingIds("r"),
                        replica_id=REPLICA)
-    store.pin_keys({author.replica_id: author.public_key}, "peer")
+    if pinned:
+        store.pin_keys({author.replica_id: author.public_key}, "peer")
     return store
 
 
@@ -135,18 +138,20 @@ def apply(store: Store, page: dict[str, Any], chained: bool) -> Any:
     return store.apply_remote(events, artifacts)
 
 
-@settings(max_examples=100, deadline=None,
+@settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(held=st.integers(0, 30), overlap=st.sampled_from([0, 0, 0, 1, 3]),
        limit=st.integers(1, 12), where=st.integers(0, 20), chained=st.booleans(),
-       defect=st.sampled_from(["none"] * len(DEFECTS) + sorted(DEFECTS)))
+       defect=st.sampled_from(["none"] * len(DEFECTS) + sorted(DEFECTS)),
+       pinned=st.sampled_from([True, True, False]))
 def test_the_fast_path_ends_exactly_where_the_reference_does(
-        author, held, overlap, limit, defect, where, chained):
+        author, held, overlap, limit, defect, where, chained, pinned):
     """Hypothesis: any page (a slice of a signed origin, possibly overlapping what is
-    held, with one planted defect) applied with the fast path leaves the store, and
-    answers, exactly as the reference checks do."""
+    held, with one planted defect; its key known or not) applied with the fast path
+    leaves the store, and answers, exactly as the reference checks do."""
     with tempfile.TemporaryDirectory() as tmp:
-        fast, slow = replica(Path(tmp), "fast", author), replica(Path(tmp), "slow", author)
+        fast = replica(Path(tmp), "fast", author, pinned=pinned)
+        slow = replica(Path(tmp), "slow", author, pinned=pinned)
         with reference_only():
             for store in (fast, slow):
                 if held:
@@ -227,6 +232,21 @@ def test_a_page_prepared_ahead_is_checked_again_when_it_is_written(author, tmp_p
     assert other.applied == 10  # the prepared page was for other events: not used
     assert store.version_vector() == {author.replica_id: 20}
     assert len(dump(store)["events"]) == 20
+
+
+@pytest.mark.parametrize("after", [0, 5])
+def test_an_unsigned_page_whose_prev_is_not_our_chain_is_a_divergence(author, tmp_path,
+                                                                     after):
+    """Planted defect without a key to catch it: the page's `prev` is not our chain at
+    `after` (at 0: not d_0). Nothing is applied; the divergence is named."""
+    store = replica(tmp_path, "r", author, pinned=False)
+    if after:
+        apply(store, served(author, 0, after), chained=True)
+    page = served(author, after, 10)
+    page["prev"] = bytes(32)
+    result = apply(store, page, chained=True)
+    assert (result.applied, result.diverged) == (0, {author.replica_id: after})
+    assert store.version_vector().get(author.replica_id, 0) == after
 
 
 def test_our_own_origin_never_goes_the_fast_path(author, tmp_path):

@@ -20,6 +20,7 @@ from logsync.chain import chain_start
 from logsync.errors import StoreError, ValidationError
 from logsync.keys import sign_digest, verify_digest
 from logsync.pagechain import CHECKPOINT, UNSIGNED, PageProof, verify_page
+from logsync.store import chaining
 from logsync.store.apply import ApplyResult, apply_page, apply_prepared, stored_row
 from logsync.store.chaining import repair_origin
 from logsync.store.fastpage import Prepared, origin_state, page_shas, prepare_page
@@ -271,7 +272,7 @@ class ChainViews:
         now_ms = self._wall_ms()
         own = origin == self.replica_id  # type: ignore[attr-defined]
         with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
-            if not own and events:
+            if not own and events and chaining._ENABLED:
                 fast = _fast_apply(conn, self.replica_id, events, artifacts,  # type: ignore[attr-defined]
                                    origin, after, prev, signatures, now_ms, prepared)
                 if fast is not None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from logsync import model
-from logsync.chain import canonical_row, compact_metadata, next_digest
+from logsync.chain import canonical_row, chain_start, compact_metadata, next_digest
 from logsync.errors import ValidationError
 from logsync.keys import verify_digest
 from logsync.pagechain import carries_signature
@@ -139,10 +139,11 @@ def fresh(conn: sqlite3.Connection, prepared: Prepared, tip: tuple[int, bytes] |
     `tip` and held `top` read in this transaction: nothing held above `after`, our chain
     at `after` is the page's `prev`, no id held, the page's artifacts all valid, and each
     named artifact held with the sha prepared, or brought by the page with it."""
-    after = prepared.after
-    if top != after or (tip is None and after != 0):
-        return False
-    if tip is not None and (tip[0] != after or tip[1] != prepared.prev):
+    after, origin = prepared.after, prepared.origin
+    if tip is None:  # nothing chained: only a page from the start, from d_0
+        if top != 0 or after != 0 or prepared.prev != chain_start(origin):
+            return False
+    elif top != after or tip != (after, prepared.prev):
         return False
     carried = carried_shas(artifacts)
     if carried is None:
