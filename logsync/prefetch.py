@@ -14,6 +14,7 @@ checks again, inside its transaction, everything the preparation assumed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from logsync.report import RoundReport
 from logsync.wire import EXT_CHAIN, EXT_INLINE_ARTIFACTS, EXTENSIONS_PARAM, Request, parse_page
 
 Fetch = Callable[[Request], Awaitable[tuple[Any, int]]]
+CORES = os.cpu_count() or 1
 
 
 class _Prefetch:
@@ -62,7 +64,8 @@ class Prefetcher:
         self._group = group
         self._report = report
         self._pending: dict[tuple[Any, ...], _Prefetch] = {}
-        self._prepare = getattr(store, "prepare_chained", None)
+        # One core: nothing to overlap with, only the handing over of the GIL to pay.
+        self._prepare = getattr(store, "prepare_chained", None) if CORES > 1 else None
         self._preparing: dict[int, _Preparing] = {}
 
     async def take(self, request: Request) -> tuple[Any, int]:

@@ -21,7 +21,7 @@ from conftest import CountingIds, FakeClock, RemoteKit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logsync import model
+from logsync import model, prefetch
 from logsync.chain import canonical_op
 from logsync.pagechain import carries_signature
 from logsync.responder import LOGSYNC_SERVER
@@ -315,7 +315,8 @@ def test_a_pull_prepares_pages_ahead_and_ends_as_the_reference(author, tmp_path)
 
     fast, slow = replica(tmp_path, "fast", author), replica(tmp_path, "slow", author)
     peer = StorePeer(author, profile=LOGSYNC_SERVER)
-    with mock.patch.object(Store, "apply_chained", spy):
+    with mock.patch.object(Store, "apply_chained", spy), \
+            mock.patch.object(prefetch, "CORES", 2):  # as on a machine with a core to spare
         run_round(fast, peer, page_limit=8)
     with reference_only():
         run_round(slow, peer, page_limit=8)
@@ -344,10 +345,27 @@ def test_first_pages_of_several_origins_are_prepared_while_the_first_is_pulled(t
         return real(self, events, artifacts, origin, after, *args, prepared=prepared, **kw)
 
     target = Store.open(tmp_path / "target")
-    with mock.patch.object(Store, "apply_chained", spy):
+    with mock.patch.object(Store, "apply_chained", spy), \
+            mock.patch.object(prefetch, "CORES", 2):  # as on a machine with a core to spare
         report = run_round(target, StorePeer(relay, profile=LOGSYNC_SERVER))
     assert report.applied == 36
     firsts = {origin: ready for origin, after, ready in used if after == 0}
     assert len(firsts) == 3 and sum(firsts.values()) >= 2
     assert target.version_vector() == relay.version_vector()
     assert target.audit().ok
+
+
+def test_one_core_prepares_nothing_ahead(author, tmp_path):
+    """With nothing to overlap with, the client leaves each page to its apply."""
+    used = []
+    real = Store.apply_chained
+
+    def spy(self, *args, prepared=None, **kw):  # type: ignore[no-untyped-def]
+        used.append(prepared is not None)
+        return real(self, *args, prepared=prepared, **kw)
+
+    target = replica(tmp_path, "r", author)
+    with mock.patch.object(Store, "apply_chained", spy), mock.patch.object(prefetch, "CORES", 1):
+        run_round(target, StorePeer(author, profile=LOGSYNC_SERVER), page_limit=8)
+    assert used and not any(used)
+    assert target.version_vector() == author.version_vector()
