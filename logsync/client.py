@@ -32,7 +32,6 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import httpx
-from anyio.abc import TaskGroup
 
 from logsync import __version__
 from logsync.answers import (
@@ -59,10 +58,9 @@ from logsync.fetchpolicy import (
     OPS_PATH,
     FetchPolicy,
     PeerDeadlineError,
-    prefetch_guess,
-    request_key,
 )
 from logsync.peers import redact_url
+from logsync.prefetch import Prefetcher
 from logsync.push import PushReport, push_round
 from logsync.wire import Batch, Extensions, Request, Step
 
@@ -172,8 +170,8 @@ class PeerClient:
         outcome: RoundReport | LogsyncError
         async with anyio.create_task_group() as prefetches:
             try:
-                outcome = await self._drive(gen, store, report,
-                                            _Prefetcher(self, prefetches, report))
+                ahead = Prefetcher(self.fetch, self.name, prefetches, report, store)
+                outcome = await self._drive(gen, store, report, ahead)
             except LogsyncError as exc:  # returned, so the task group does not wrap it
                 outcome = exc
             finally:
@@ -237,7 +235,7 @@ class PeerClient:
             async with limiter, anyio.create_task_group() as prefetches:
                 try:
                     await self._drive(gen, store, report,
-                                      _Prefetcher(self, prefetches, report))
+                                      Prefetcher(self.fetch, self.name, prefetches, report, store))
                 except LogsyncError as exc:  # a store failure too: kept, never wrapped
                     failures.append(exc)
                     group.cancel_scope.cancel()
@@ -255,7 +253,7 @@ class PeerClient:
 
     async def _drive(
         self, gen: Generator[Any, Any, Any], store: StoreLike, report: RoundReport,
-        prefetcher: _Prefetcher | None,
+        prefetcher: Prefetcher | None,
     ) -> Any:
         """Advance the round on the event loop; its store effects run in a worker thread
         (SQLite blocks), its requests here. What either raises is thrown back in."""
@@ -264,7 +262,10 @@ class PeerClient:
         while not done:
             try:
                 if isinstance(value, STORE_EFFECTS):
-                    answer = await anyio.to_thread.run_sync(perform, store, value)
+                    prepared = None
+                    if isinstance(value, ApplyPage) and prefetcher is not None:
+                        prepared = await prefetcher.prepared_for(value)
+                    answer = await _apply(store, value, prepared)
                     if isinstance(value, ApplyPage) and page_began is not None:
                         report.time_page(time.monotonic() - page_began)
                         page_began = None
@@ -279,9 +280,12 @@ class PeerClient:
         return value
 
     async def _perform(self, step: Step, report: RoundReport,
-                       prefetcher: _Prefetcher | None = None) -> Any:
+                       prefetcher: Prefetcher | None = None) -> Any:
         if isinstance(step, Batch):
-            return await self._perform_batch(step.requests, report)
+            answers = await self._perform_batch(step.requests, report)
+            if prefetcher is not None:
+                prefetcher.prepare_batch(step.requests, answers)
+            return answers
         if prefetcher is not None and step.path == OPS_PATH:
             answer, size = await prefetcher.take(step)
             prefetcher.after(step, answer)
@@ -410,56 +414,14 @@ async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
         yield chunk
 
 
-class _Prefetch:
-    """One speculative page fetch: its outcome, once it has one."""
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.answer: Any = None
-        self.size = 0
-        self.error: PeerError | None = None
-
-
-class _Prefetcher:
-    """Fetch the page after a full `/sync/ops` page while the engine applies this one.
-
-    Purely a driver optimisation: the engine still asks for every page itself and
-    gets exactly the answer a plain fetch would give; a guess it never asks for is
-    dropped, and an error is delivered only if the engine asks for that page.
-    """
-
-    def __init__(self, client: PeerClient, group: TaskGroup, report: RoundReport) -> None:
-        self._client = client
-        self._group = group
-        self._report = report
-        self._pending: dict[tuple[Any, ...], _Prefetch] = {}
-
-    async def take(self, request: Request) -> tuple[Any, int]:
-        pending = self._pending.pop(request_key(request), None)
-        self._pending.clear()  # any other guess was wrong
-        if pending is None:
-            return await self._client.fetch(request)
-        await pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        return pending.answer, pending.size
-
-    def after(self, request: Request, answer: Any) -> None:
-        """Fetch the next page now when this one came back full, or cut short by the
-        peer's byte budget below the origin's target (`prefetch_guess`)."""
-        guess = prefetch_guess(request, answer, past_short=True)
-        if guess is None:
-            return
-        slot = self._pending[request_key(guess)] = _Prefetch()
-        self._group.start_soon(self._fill, guess, slot)
-
-    async def _fill(self, request: Request, slot: _Prefetch) -> None:
-        try:
-            slot.answer, slot.size = await self._client.fetch(request)
-        except PeerError as exc:
-            slot.error = exc
-        finally:
-            slot.done.set()
+async def _apply(store: StoreLike, effect: Any, prepared: Any) -> Any:
+    """Perform a store effect; an `ApplyPage` with the page the store prepared ahead."""
+    if prepared is None:
+        return await anyio.to_thread.run_sync(perform, store, effect)
+    return await anyio.to_thread.run_sync(
+        lambda: store.apply_chained(effect.events, effect.artifacts, effect.origin,  # type: ignore[call-arg]
+                                    effect.after, effect.prev, effect.signatures,
+                                    prepared=prepared))
 
 
 def _asks_a_page(step: Step) -> bool:

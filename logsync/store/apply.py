@@ -39,8 +39,10 @@ from typing import Any
 
 from logsync import hlc as hlc_mod
 from logsync import model
+from logsync.chain import chain_start
 from logsync.errors import ValidationError
 from logsync.replica import is_replica_id
+from logsync.store import chaining, fastpage
 from logsync.store.chaining import extend_chains
 from logsync.store.ledgers import (
     conflict_row,
@@ -112,6 +114,10 @@ def apply_page(
     ops of our own origin in this call carry no proof of our signature, so none is
     recovered (check 3). `known`: chain digests a verified page already computed
     (`chaining.extend_chains`)."""
+    if known is None and events:  # a page with a proof comes through `apply_prepared`
+        fast = _fresh_page(conn, replica_id, events, artifacts, now_ms)
+        if fast is not None:
+            return fast
     state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
     applier = _Applier(conn, replica_id, state)
     applier.own_verified = own_verified
@@ -133,6 +139,41 @@ def apply_page(
         artifacts_applied=state.artifacts_applied, high_water=state.high_water,
         stopped=state.stopped, applied_per_origin=state.per_origin,
     )
+
+
+def apply_prepared(
+    conn: sqlite3.Connection, replica_id: str, prepared: fastpage.Prepared,
+    artifacts: Sequence[Any], top: int, tip: tuple[int, bytes] | None, now_ms: int,
+) -> ApplyResult | None:
+    """A page `fastpage.prepare_page` prepared, if `fastpage.fresh` holds for it (else
+    None, nothing written): its artifacts as `apply_artifacts` takes them, then its ops."""
+    if not fastpage.fresh(conn, prepared, tip, top, artifacts):
+        return None
+    state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
+    _Applier(conn, replica_id, state).apply_artifacts(artifacts)
+    fastpage.write_prepared(conn, prepared)
+    record_ledgers(conn, state)
+    n, origin = len(prepared.rows), prepared.origin
+    return ApplyResult(applied=n, conflicts=len(state.conflicts),
+                       quarantined=len(state.quarantine), artifacts_applied=state.artifacts_applied,
+                       high_water={origin: prepared.last}, applied_per_origin={origin: n})
+
+
+def _fresh_page(conn: sqlite3.Connection, replica_id: str, events: Sequence[Any],
+                artifacts: Sequence[Any], now_ms: int) -> ApplyResult | None:
+    """The fast path of a page without a proof: one origin, not ours, all ops above its
+    top, chained from our tip (`store/fastpage.py`); None: judge it op by op."""
+    origin = events[0].get("origin_replica") if isinstance(events[0], Mapping) else None
+    if not chaining._ENABLED or not isinstance(origin, str) or origin == replica_id \
+            or not is_replica_id(origin):
+        return None
+    top, tip = fastpage.origin_state(conn, origin)
+    prev = chain_start(origin) if tip is None else tip[1]
+    prepared = fastpage.prepare_page(events, origin, top, prev,
+                                     fastpage.page_shas(conn, events, artifacts), None, None)
+    if prepared is None:
+        return None
+    return apply_prepared(conn, replica_id, prepared, artifacts, top, tip, now_ms)
 
 
 @dataclass(slots=True)

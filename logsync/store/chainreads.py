@@ -20,8 +20,10 @@ from logsync.chain import chain_start
 from logsync.errors import StoreError, ValidationError
 from logsync.keys import sign_digest, verify_digest
 from logsync.pagechain import CHECKPOINT, UNSIGNED, PageProof, verify_page
-from logsync.store.apply import ApplyResult, apply_page, stored_row
+from logsync.store import chaining
+from logsync.store.apply import ApplyResult, apply_page, apply_prepared, stored_row
 from logsync.store.chaining import repair_origin
+from logsync.store.fastpage import Prepared, origin_state, page_shas, prepare_page
 from logsync.store.faults import describe_fault
 from logsync.store.keyring import known_key, pin_published
 from logsync.store.ledgers import conflict_row, quarantine_row, record_conflicts, record_quarantine
@@ -38,6 +40,7 @@ TIP_SQL = (
 # The ops of each side recorded per divergence (the first differing ones), so a long
 # fork costs a bounded ledger, and the rest is found again by the next search.
 MAX_FORKS_RECORDED = 500
+_page_shas = page_shas  # its name before it moved to `fastpage` (tests import it)
 MAX_TIP_SIGNATURES = 4096  # per vector answer: a huge one costs a bounded apply
 MAX_KEY_CHANGES_RECORDED = 16  # per vector answer: a peer inventing keys cannot flood the ledger
 
@@ -168,24 +171,24 @@ def signatures_of(conn: sqlite3.Connection, origin: str, seqs: Sequence[int]) ->
     return {int(r[0]): bytes(r[1]) for r in rows if int(r[0]) in wanted}
 
 
-def _page_shas(
-    conn: sqlite3.Connection, events: Sequence[Any], artifacts: Sequence[Any]
-) -> dict[str, str | None]:
-    """The sha256 of every artifact the page names: what we hold, else what the page (or
-    the round) brought, as declared (apply checks it against the content)."""
-    named = sorted({a for e in events if isinstance(e, Mapping)
-                    and isinstance(e.get("artifact_ids"), list)
-                    for a in e["artifact_ids"] if isinstance(a, str)})
-    shas: dict[str, str | None] = {}
-    for chunk in chunks(named, 500):
-        marks = ",".join("?" * len(chunk))
-        shas.update((r[0], r[1]) for r in conn.execute(
-            f"SELECT id, sha256 FROM artifacts WHERE id IN ({marks})", chunk))
-    for art in artifacts:
-        if isinstance(art, Mapping) and isinstance(art.get("id"), str) \
-                and art["id"] not in shas and isinstance(art.get("sha256"), str):
-            shas[art["id"]] = art["sha256"]
-    return shas
+def _fast_apply(
+    conn: sqlite3.Connection, replica_id: str, events: Sequence[Any], artifacts: Sequence[Any],
+    origin: str, after: int, prev: bytes, signatures: Mapping[int, bytes] | None,
+    now_ms: int, prepared: Prepared | None,
+) -> ApplyResult | None:
+    """The page through `fastpage` when all its ops are fresh, else None (nothing
+    written: the caller judges it op by op). The origin's top and tip are read once."""
+    top, tip = origin_state(conn, origin)
+    key = known_key(conn, origin)
+    if prepared is None or prepared.events is not events or prepared.key != key \
+            or (prepared.origin, prepared.after, prepared.prev) != (origin, after, prev):
+        if top != after:
+            return None
+        prepared = prepare_page(events, origin, after, prev, page_shas(conn, events, artifacts),
+                                key, signatures)
+    if prepared is None:
+        return None
+    return apply_prepared(conn, replica_id, prepared, artifacts, top, tip, now_ms)
 
 
 def _refuse(
@@ -256,15 +259,24 @@ class ChainViews:
     def apply_chained(
         self, events: Sequence[Any], artifacts: Sequence[Any], origin: str, after: int,
         prev: bytes, signatures: Mapping[int, bytes] | None = None,
+        prepared: Prepared | None = None,
     ) -> ApplyResult:
         """`apply_remote` for a page whose server says its chain of `origin` at `after` is
         `prev`, in one transaction: applied only when ours is the same (else nothing is,
         and the result names the divergence, `diverged`), and for an origin whose key we
         know, only when the page proves itself (`pagechain.verify_page`: else its failing
-        op is quarantined and the origin stops). Verified signatures are stored."""
+        op is quarantined and the origin stops). Verified signatures are stored.
+        `prepared`: `prepare_chained` of this page (another thread may have run it while
+        an earlier page was written); a page all of whose ops are fresh goes the fast
+        path (`store/fastpage.py`), anything else the checks below."""
         now_ms = self._wall_ms()
         own = origin == self.replica_id  # type: ignore[attr-defined]
         with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
+            if not own and events and chaining._ENABLED:
+                fast = _fast_apply(conn, self.replica_id, events, artifacts,  # type: ignore[attr-defined]
+                                   origin, after, prev, signatures, now_ms, prepared)
+                if fast is not None:
+                    return fast
             bring_up_to_date(conn, origin, self._own_signer(origin))
             # our own origin is verified from the peer's `prev` (the signature binds it):
             # ours may differ below it (a slot re-used after a restore), and apply then
@@ -277,7 +289,7 @@ class ChainViews:
             key = known_key(conn, origin)
             proof = None
             if key is not None and events:
-                proof = verify_page(key, prev, events, _page_shas(conn, events, artifacts),
+                proof = verify_page(key, prev, events, page_shas(conn, events, artifacts),
                                     signatures or {})
                 if not isinstance(proof, PageProof) and own and proof[0] == UNSIGNED:
                     # ops of ours this peer cannot prove: recorded, never recovered, and
@@ -305,6 +317,21 @@ class ChainViews:
                 # sign what we now hold, and can serve it on
                 sign_own_chain(conn, origin, signer)
             return result
+
+    def prepare_chained(
+        self, events: Sequence[Any], artifacts: Sequence[Any], origin: str, after: int,
+        prev: bytes, signatures: Mapping[int, bytes] | None = None,
+    ) -> Prepared | None:
+        """The fast path's work on a page, outside any transaction (it reads the origin's
+        key and the named artifacts' shas; `apply_chained` checks both again): None when
+        the page is not one for it."""
+        if origin == self.replica_id or not events:  # type: ignore[attr-defined]
+            return None
+
+        def read(conn: sqlite3.Connection) -> tuple[bytes | None, dict[str, str | None]]:
+            return known_key(conn, origin), page_shas(conn, events, artifacts)
+        key, shas = self._guarded(read)
+        return prepare_page(events, origin, after, prev, shas, key, signatures)
 
     def _own_signer(self, origin: str) -> Any:
         """How to sign `origin`'s digests: only our own origin, only with our key."""
