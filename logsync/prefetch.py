@@ -45,8 +45,8 @@ class _Prefetch:
 class _Preparing:
     """One page being prepared in a worker thread: the store's `Prepared`, once done."""
 
-    def __init__(self, origin: str, events: list[Any]) -> None:
-        self.origin = origin
+    def __init__(self, origin: str, after: int, events: list[Any]) -> None:
+        self.origin, self.after = origin, after
         self.events = events  # held, so its id() is not re-used while we wait
         self.done = anyio.Event()
         self.prepared: Any = None
@@ -96,11 +96,12 @@ class Prefetcher:
 
     async def prepared_for(self, effect: ApplyPage) -> Any:
         """The store's preparation of this very page, if one was started (waited for),
-        else None. Other preparations of its origin (wrong guesses) are dropped."""
+        else None. Other preparations of its origin at or below this page (wrong guesses)
+        are dropped; the next page's, ready before this one is applied, is kept."""
         preparing = self._preparing.pop(id(effect.events), None)
         for key, other in list(self._preparing.items()):
-            if other.origin == effect.origin:
-                del self._preparing[key]
+            if other.origin == effect.origin and other.after <= effect.after:
+                del self._preparing[key]  # a wrong guess; one ahead of this page stays
         if preparing is None or preparing.events is not effect.events:
             return None
         await preparing.done.wait()
@@ -132,7 +133,8 @@ class Prefetcher:
             return
         if not page.events or page.prev is None:
             return
-        preparing = self._preparing[id(page.events)] = _Preparing(page.origin, page.events)
+        preparing = self._preparing[id(page.events)] = _Preparing(page.origin, page.after,
+                                                                 page.events)
         self._group.start_soon(self._run, preparing, page)
 
     async def _run(self, preparing: _Preparing, page: Any) -> None:

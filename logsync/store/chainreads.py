@@ -389,10 +389,10 @@ class ChainViews:
         `key_change` conflict (at most `MAX_KEY_CHANGES_RECORDED` per call), and one the
         origin's id certifies replaces one pinned on first sight, also recorded. Returns
         origin -> 'new' | 'same' | 'changed' | 'replaced' | 'ignored'."""
-        now = model.utc_now_iso(self._wall_ms())
         held = self._guarded(lambda conn: {o: known_key(conn, o) for o in keys})
         if all(held[o] == key for o, key in keys.items()):
             return dict.fromkeys(keys, "same")  # the usual round: nothing to write
+        now = model.utc_now_iso(self._wall_ms())
         with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
             before = {o: known_key(conn, o) for o in keys}
             outcomes = {o: pin_published(conn, o, key, now, peer) for o, key in keys.items()}
