@@ -335,7 +335,7 @@ class Daemon:
             if isinstance(plan, NoRound):  # nothing to pull now: no request, no news
                 return
             failure: Exception | None = None
-            live = self.holders.running(task.replica, report) if task.replica else None
+            live = self.holders.running(task.replica, report)  # first round: its report's
             async with anyio.create_task_group() as watcher:
                 watcher.start_soon(self._catching_up, task, state, report)
                 try:
@@ -350,11 +350,7 @@ class Daemon:
                     failure = exc
                 finally:
                     watcher.cancel_scope.cancel()
-                    if live is not None:
-                        self.holders.finished(live)
-                    elif report.peer_replica:  # a first full round: noted at its end
-                        self.holders.note(report.peer_replica,
-                                          {o: p.reached for o, p in report.origins.items()})
+                    self.holders.finished(live)
             task.replica = report.peer_replica or task.replica
             if failure is not None:
                 raise failure

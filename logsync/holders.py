@@ -50,9 +50,11 @@ class Holders:
         it was known to hold is forgotten (its live rounds stay: they are ours)."""
         self._tops.pop(peer, None)
 
-    def running(self, peer: str, report: Any) -> int:
+    def running(self, peer: str | None, report: Any) -> int:
         """A round pulling from `peer` runs: its report's `origins[o].reached` counts as
-        held while it runs (pages apply mid-round); `finished` with the returned key."""
+        held while it runs (pages apply mid-round); `finished` with the returned key. A
+        peer not yet known (its first round) is the one its report names once the vector
+        answer arrives (`report.peer_replica`)."""
         key = id(report)
         self._live[key] = (peer, report)
         return key
@@ -62,7 +64,9 @@ class Holders:
         entry = self._live.pop(key, None)
         if entry is not None:
             peer, report = entry
-            self.note(peer, {o: p.reached for o, p in report.origins.items()})
+            peer = peer or getattr(report, "peer_replica", None)
+            if peer:
+                self.note(peer, {o: p.reached for o, p in report.origins.items()})
 
     def holds(self, peer: str | None, origin: str, seq: int) -> bool:
         """Is `peer` known to hold (origin, seq)? Unknown peer: no."""
@@ -71,6 +75,7 @@ class Holders:
         if origin == peer or self._tops.get(peer, {}).get(origin, 0) >= seq:
             return True
         for who, report in self._live.values():
+            who = who or getattr(report, "peer_replica", None)
             progress = report.origins.get(origin) if who == peer else None
             if progress is not None and progress.reached >= seq:
                 return True

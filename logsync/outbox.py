@@ -49,7 +49,8 @@ class Write:
 @dataclass
 class Outbox:
     """What one subscriber is owed. `own`: the publisher's replica id; `direct`: the
-    origins the subscriber streams from directly (its own included: it holds them)."""
+    origins the subscriber streams from directly (its own ops need no entry: `holds`
+    says the subscriber holds them)."""
 
     own: str
     direct: frozenset[str] = frozenset()

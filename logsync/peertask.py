@@ -3,17 +3,19 @@ stream brings (`streamframes.py`), applied as pushed pages."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.from_thread
 
 from logsync import peers as peers_mod
 from logsync.holders import Holders
 from logsync.outbox import direct_header
 from logsync.peerloop import PeerLoop
-from logsync.streamframes import DIRECT_HEADER, apply_page_frame, parse_page_frame
+from logsync.streamframes import DIRECT_HEADER, take_page
 
 
 @dataclass
@@ -38,26 +40,24 @@ class PeerTask:
 
     async def take_page(self, data: bytes, store: Any, holders: Holders,
                         applied: Callable[[], None], *, paused: bool = False) -> None:
-        """Apply one page frame from this peer as a pushed page (in a worker thread);
-        `applied()` wakes our own streams. What it leaves us lacking, and a page we cannot
-        take now (the peer's id is not yet known; `paused` by a store fault), is pulled.
-        A `StoreError` is the caller's."""
-        frame = await anyio.to_thread.run_sync(parse_page_frame, data)  # up to 1 MiB of JSON
-        if frame is None:
-            return
-        if self.replica is None or paused:
-            self.note(frame.origin, frame.last)
-            return
-        holders.note(self.replica, {frame.origin: frame.last})  # it served them: it holds them
+        """One page frame from this peer, taken by `streamframes.take_page` in a worker
+        thread (decoding included); `applied()` wakes our own streams, and what the page
+        leaves us lacking goes to the pull loop. A `StoreError` is the caller's."""
+        replica = self.replica
+
+        def served(origin: str, last: int) -> None:  # holders live on the event loop
+            anyio.from_thread.run_sync(holders.note, replica, {origin: last})
+
         try:
-            taken = await anyio.to_thread.run_sync(apply_page_frame, store, frame, self.replica)
+            took = await anyio.to_thread.run_sync(functools.partial(
+                take_page, store, data, replica, paused=paused, served=served))
         except BaseException:
-            self.note(frame.origin, frame.last)
+            self.note(None, None)  # what the page held is pulled by a full round
             raise
-        if taken.applied:
+        if took.applied:
             applied()
-        if taken.lacking:
-            self.note(frame.origin, frame.last)
+        if took.pull is not None:
+            self.note(*took.pull)
 
 
 def direct_headers(replicas: Iterable[str | None], publisher: str | None) -> dict[str, str]:

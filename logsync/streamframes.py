@@ -40,6 +40,7 @@ PAGE_EVENT = "logsync-page"
 TOPS_EVENT = "logsync-tops"
 PAGE_FRAME_OPS = 256  # ops one page frame carries at most; the rest is named and pulled
 PAGE_FRAME_BYTES = 256 * 1024  # a page frame's JSON at most (a subscriber's line cap is 1 MiB)
+WRITE_BYTES = 1024 * 1024  # pages in one write at most (past it, origins are named)
 
 
 def write_parts(store: Any, write: Write, own: str, cache: dict[tuple[Any, ...], Any] | None
@@ -50,7 +51,11 @@ def write_parts(store: Any, write: Write, own: str, cache: dict[tuple[Any, ...],
     (cleared by the caller when the store changes) shares a page among subscribers."""
     bodies: list[bytes] = []
     named = dict(write.named)
+    room = WRITE_BYTES
     for origin, (after, top) in write.pages.items():
+        if room <= 0:  # the write is full: the rest is named, and pulled
+            named[origin] = top
+            continue
         key = ("page-frame", origin, after, min(top - after, PAGE_FRAME_OPS))
         page = cache.get(key) if cache is not None else None
         if page is None:
@@ -65,6 +70,7 @@ def write_parts(store: Any, write: Write, own: str, cache: dict[tuple[Any, ...],
                 cache[key] = page
         if page.count and page.complete:
             bodies.append(page.body)
+            room -= len(page.body)
             if page.last_seq >= top:
                 continue
         named[origin] = top
@@ -163,3 +169,39 @@ def apply_page_frame(store: Any, frame: PageFrame, publisher: str,
                  frame.origin, publisher, exc)
         return Taken(frame, 0, 0)
     return Taken(frame, int(answer["top"]), int(answer["applied"]))
+
+
+@dataclass(frozen=True)
+class Took:
+    """What taking one page frame asks of its caller: `pull` (origin, seq) for the peer
+    loop (None: nothing; (None, None): a full round), and how many ops it added."""
+
+    pull: tuple[str | None, int | None] | None
+    applied: int = 0
+
+
+def take_page(store: Any, data: bytes | str, publisher: str | None, *, paused: bool = False,
+              served: Callable[[str, int], None] | None = None,
+              perform: Callable[[Any], Any] | None = None) -> Took:
+    """The one rule for a page frame, the daemon's and the simulator's (blocking: SQLite).
+
+    A frame that is not a page asks for a full round, as an unreadable frame does. A page
+    we cannot take now (the stream's peer is not known yet: `publisher` None; pulls are
+    `paused` by a store fault) or whose `from` is not the stream's peer is pulled instead.
+    Otherwise `served(origin, last)` notes that the peer holds what it sent (before the
+    apply, so our own stream never sends it back), the page is applied as a pushed page,
+    and whatever it leaves us lacking is pulled."""
+    frame = parse_page_frame(data)
+    if frame is None:
+        return Took((None, None))
+    wanted = (frame.origin, frame.last)
+    if publisher is None or paused:
+        return Took(wanted)
+    if frame.body.get("from") != publisher:
+        log.info("a page frame of origin %s names sender %.80r, not the stream's peer %s: "
+                 "pulled instead", frame.origin, frame.body.get("from"), publisher)
+        return Took(wanted)
+    if served is not None:
+        served(frame.origin, frame.last)
+    taken = apply_page_frame(store, frame, publisher, perform)
+    return Took(wanted if taken.lacking else None, taken.applied)

@@ -60,7 +60,8 @@ async def watch_stream(
     it knows we hold (`logsync.holders`). With `on_page`, we ask for page frames
     (`streamframes`): each page's data is awaited in `on_page`, in order, and each
     tops frame's origins go to `on_change` (a `more` as a reconnect: a full round);
-    `direct()` gives the headers naming what we stream directly, read at each connect.
+    `direct()` gives the headers naming what we stream directly: read at each connect, and
+    a change of it reconnects (after 0.5-1 s).
     """
     delay = 1.0
     headers = {"Accept": "text/event-stream", "User-Agent": f"logsync/{__version__}",
@@ -75,9 +76,9 @@ async def watch_stream(
     async with httpx.AsyncClient(timeout=timeout, verify=verify, headers=headers) as http:
         while True:
             try:
-                extra = direct() if direct is not None and on_page is not None else {}
+                named = direct if on_page is not None else None
                 if await _follow(http, url.rstrip("/") + "/logstream/stream", on_change,
-                                 on_page, extra):
+                                 on_page, named):
                     delay = 1.0
             except (httpx.HTTPError, anyio.EndOfStream, OSError) as exc:
                 log.debug("stream %s: %s", redact_url(url), exc)
@@ -93,9 +94,13 @@ async def watch_stream(
 
 
 async def _follow(http: httpx.AsyncClient, url: str, on_change: Change,
-                  on_page: Page | None = None, extra: dict[str, str] | None = None) -> bool:
-    """Read one connection's frames; True if it was accepted (resets the backoff)."""
-    async with http.stream("GET", url, headers=extra or None) as response:
+                  on_page: Page | None = None,
+                  direct: Callable[[], dict[str, str]] | None = None) -> bool:
+    """Read one connection's frames; True if it was accepted (resets the backoff). When
+    what `direct()` names changes (a peer's id learnt from its first round), the
+    connection ends after the next line (a frame or a ping) so the next one names it."""
+    sent = dict(direct()) if direct is not None else {}
+    async with http.stream("GET", url, headers=sent or None) as response:
         if response.status_code != 200:
             log.info("stream %s answered %s; retrying later", redact_url(url), response.status_code)
             return False
@@ -112,6 +117,10 @@ async def _follow(http: httpx.AsyncClient, url: str, on_change: Change,
                 kind = line[6:].strip()
             elif line.startswith(b"data:"):
                 await _data(kind, line[5:], on_change, on_page)
+            if direct is not None and not kind and direct() != sent:
+                log.debug("stream %s: the peers we stream from changed; reconnecting",
+                          redact_url(url))
+                return True
     return True
 
 

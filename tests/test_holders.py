@@ -163,3 +163,21 @@ def test_frames_within_the_window_go_out_in_one_write(tmp_path, coalesce: float)
             sock.close()
             live.srv.begin_shutdown()
     assert counts == ([1, 2] if coalesce else [1, 1, 1])
+
+
+def test_a_first_round_counts_for_the_peer_its_report_names() -> None:
+    """Before a peer's id is known (its first round), what the round reaches counts for
+    the id the vector answer names, while it runs and after: no page frame echoes back
+    what the peer itself just served."""
+    h = Holders()
+    report = RoundReport(peer="p")
+    report.origins[O1] = OriginProgress(O1, start=0, target=9, reached=3)
+    key = h.running(None, report)
+    assert not h.holds(P, O1, 1)  # the peer is not known yet
+    report.peer_replica = P  # the vector answer arrived
+    assert h.holds(P, O1, 3) and not h.holds(P, O1, 4) and not h.holds(Q, O1, 1)
+    h.finished(key)
+    assert h.holds(P, O1, 3)
+    nobody = h.running(None, RoundReport(peer="q"))
+    h.finished(nobody)  # a round that never learnt its peer notes nothing
+    assert set(h._tops) == {P}

@@ -227,3 +227,64 @@ def test_a_page_that_cannot_be_encoded_is_named_instead(tmp_path, monkeypatch) -
         monkeypatch.setattr(streamframes, "push_page", unencodable)
         bodies, named = streamframes.write_parts(pub, write, pub.replica_id)
         assert bodies == [] and named == {pub.replica_id: 2}
+
+
+def test_a_new_direct_peer_reconnects_the_stream_to_name_it(tmp_path, monkeypatch) -> None:
+    """The peers a subscriber streams from become known after its first rounds: the
+    watcher reconnects at the next frame boundary so the publisher hears them."""
+    from logsync.server import stream as stream_mod
+
+    heard: list[str | None] = []
+    real = stream_mod.parse_direct
+
+    def spy(value, is_id):  # type: ignore[no-untyped-def]
+        heard.append(value)
+        return real(value, is_id)
+
+    monkeypatch.setattr(stream_mod, "parse_direct", spy)
+    other = "rep_" + "7" * 32
+    known: dict[str, str] = {}
+    with Store.open(tmp_path / "p") as pub, Store.open(tmp_path / "s") as sub, \
+            LiveApp(pub) as live:
+        live.app.state.holders = Holders()
+        names: list = []
+        pages: list[int] = []
+        done = threading.Event()
+        thread = threading.Thread(target=_follow, args=(live, sub, pub.replica_id, known,
+                                                        names, pages, done), daemon=True)
+        thread.start()
+        try:
+            assert _until(lambda: names.count((None, None)) == 1, 10)
+            known[DIRECT_HEADER] = other  # a first round named the peer
+            _append(pub, 1)
+            live.srv.notifier.notify()
+            assert _until(lambda: names.count((None, None)) == 2, 10), names
+            assert _until(lambda: other in heard, 5), heard
+        finally:
+            done.set()
+            thread.join(10)
+            live.srv.begin_shutdown()
+    assert heard[0] is None
+
+
+def test_an_unreadable_page_asks_for_a_full_round_and_a_write_is_bounded(tmp_path,
+                                                                         monkeypatch) -> None:
+    from logsync import streamframes
+    from logsync.outbox import Write
+
+    with Store.open(tmp_path / "p") as pub, Store.open(tmp_path / "s") as sub:
+        took = streamframes.take_page(sub, b"{not json", pub.replica_id)
+        assert took.pull == (None, None) and took.applied == 0
+        _append(pub, 3)
+        page = push_page(pub, pub.replica_id, 0, 3, 1 << 20, pub.replica_id).body
+        noted: list = []
+        took = streamframes.take_page(sub, page, None, served=lambda o, s: noted.append(o))
+        assert took.pull == (pub.replica_id, 3) and noted == []  # peer not known: pulled
+        took = streamframes.take_page(sub, page, pub.replica_id,
+                                      served=lambda o, s: noted.append((o, s)))
+        assert took.pull is None and took.applied == 3 and noted == [(pub.replica_id, 3)]
+        monkeypatch.setattr(streamframes, "WRITE_BYTES", 1)
+        others = {f"rep_{i:032x}": (0, 1) for i in range(3)}
+        write = Write(pages={pub.replica_id: (0, 3), **others})
+        bodies, named = streamframes.write_parts(pub, write, pub.replica_id)
+        assert len(bodies) == 1 and named == {o: 1 for o in others}  # the rest is named

@@ -26,7 +26,7 @@ DOCS = ROOT / "docs"
 MIN_DISTINCT_TESTS = 200  # 263 when last revised: losing dozens at once is a mistake
 # The RFC is the normative text only (rationale and figures live beside it); its front
 # matter states this same limit, so a reader knows it too.
-MAX_WORDS = 7_400
+MAX_WORDS = 7_500
 LIMIT_LINE_RE = re.compile(r"\*\*Size limit:\*\* this file stays under ([0-9][0-9 ,]*) words")
 # Documents that may still name commits, each with why; the owner removes the entry once
 # the document is rewritten. Nothing else in docs/ may.

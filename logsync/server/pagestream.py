@@ -25,15 +25,17 @@ class PagePump:
     """One page-taking subscriber's writes; `stream._EventStream` runs it in its slot.
     `srv` is the stream's `StreamHost`, `send` its timed send."""
 
-    def __init__(self, outbox: Outbox, vector: dict[str, int],
+    def __init__(self, direct: frozenset[str], coalesce: float,
                  holds: Callable[[str, int], bool]) -> None:
-        self.outbox, self.holds = outbox, holds
-        self.tops = dict(vector)  # what this stream has seen of the store, per origin
+        self.direct, self.coalesce, self.holds = direct, coalesce, holds
+        self.tops: dict[str, int] = {}  # what this stream has seen of the store, per origin
         self.read: Any = None  # the probe's last answer (a new dict on each read)
 
     async def __call__(self, srv: Any, send: Any) -> None:
-        """Writes until shutdown begins (then return: the caller ends the body)."""
-        outbox = self.outbox
+        """Writes until shutdown begins (then return: the caller ends the body). The store
+        is first read here, once the stream holds its slot."""
+        own, self.tops = await srv.run(lambda store: (store.replica_id, store.version_vector()))
+        outbox = Outbox(own, self.direct, pages=True, coalesce=self.coalesce)
         await send({"type": "http.response.body", "body": b"", "more_body": True})
         generation = srv.notifier.generation
         last_write, changed = time.monotonic(), False

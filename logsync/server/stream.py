@@ -31,7 +31,7 @@ from logsync.defaults import DEFAULT_COALESCE_S
 from logsync.errorcodes import error_body
 from logsync.errors import StoreError
 from logsync.ids import is_replica_id
-from logsync.outbox import Outbox, parse_direct
+from logsync.outbox import parse_direct
 from logsync.server.pagestream import PagePump
 from logsync.streamframes import DIRECT_HEADER, FRAMES_HEADER, PAGES
 from logsync.wire import REPLICA_HEADER
@@ -206,10 +206,8 @@ async def logstream_stream(request: Request) -> Response:
         direct = parse_direct(request.headers.get(DIRECT_HEADER), is_replica_id)
         if isinstance(direct, str):
             return _error(400, f"{DIRECT_HEADER}: {direct}", code="bad_request")
-        own, vector = await srv.run(lambda store: (store.replica_id, store.version_vector()))
         holders.forget(subscriber)  # a new stream: it may have restarted from a backup
-        outbox = Outbox(own, direct, pages=True, coalesce=coalesce)
-        pump = PagePump(outbox, vector, functools.partial(holders.holds, subscriber))
+        pump = PagePump(direct, coalesce, functools.partial(holders.holds, subscriber))
         return _EventStream(srv, {}, None, None, pump=pump)
     start, latest = await srv.run(check)
     held = None

@@ -46,7 +46,7 @@ from logsync.sim.rounds import (
     SimulatedCrash,
     crash_after,
 )
-from logsync.streamframes import apply_page_frame, parse_page_frame
+from logsync.streamframes import take_page
 
 
 class Driver:
@@ -106,27 +106,27 @@ class Driver:
 
     def on_notify(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...],
                   pages: list[bytes] = (), more: bool = False) -> None:  # type: ignore[assignment]
-        """A write from `peer`'s stream: its pages applied as the daemon applies them
-        (`streamframes.apply_page_frame`), what they leave us lacking and what it names
-        noted by the peer loop."""
+        """A write from `peer`'s stream: its pages taken by the daemon's rule
+        (`streamframes.take_page`), what they leave us lacking and what it names noted by
+        the peer loop."""
         link = self.links.get(node.name, {}).get(peer)
         if link is None:
             return
         before, now = link.loop.next_due, self.sim.clock.now
-        publisher = self.sim.nodes[peer].replica_id
+        publisher = link.replica  # known from the first full round, as the daemon's
+
+        def served(origin: str, last: int) -> None:
+            node.holders.note(publisher, {origin: last})
+
         for data in pages:
-            frame = parse_page_frame(data)
-            if frame is None:
-                continue
-            node.holders.note(publisher, {frame.origin: frame.last})  # it served them
             try:
-                taken = apply_page_frame(node.store_or_fail(), frame, publisher,
-                                         perform=lambda e: self._perform(node, e, peer))
+                took = take_page(node.store_or_fail(), data, publisher, served=served,
+                                 perform=lambda e: self._perform(node, e, peer))
             except SimulatedCrash:
                 self.sim.crash_mid_apply(node)
                 return
-            if taken.lacking:
-                link.loop.frame(frame.origin, frame.last, now)
+            if took.pull is not None:
+                link.loop.frame(*took.pull, now)
         for origin, top in tops:
             link.loop.frame(origin, top, now)
         if more:
@@ -435,6 +435,7 @@ class Driver:
         now = self.sim.clock.now
         took = to_s(self.sim.clock.now_us - run.started_us)
         if error is None:
+            link.replica = run.report.peer_replica or link.replica
             due = link.loop.succeeded(run.report, now)
             node.note_compared(link.name, forks.compared_origins(
                 run.report, run.held_back, full=run.kind == "full"), run.started_us)

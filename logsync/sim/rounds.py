@@ -81,6 +81,7 @@ class PeerLink:
     loop: PeerLoop
     timer: int = 0
     run: Run | None = None
+    replica: str | None = None  # the peer's id, from its last full round (page frames)
 
 
 class DriverHost(Protocol):
