@@ -293,12 +293,12 @@ class Daemon:
         """The origins we stream from directly, named to `task`'s peer (`outbox.py`)."""
         return direct_headers((t.replica for t in self._tasks.values()), task.replica)
 
-    async def _take_page(self, task: _PeerTask, data: bytes) -> None:
+    async def _take_page(self, task: _PeerTask, data: bytes, announced: str | None) -> None:
         """A page frame from the peer's stream (`peertask.take_page`); a store fault
         pauses pulls as a round's would."""
         try:
             await task.take_page(data, self.store, self.holders, self.app.state.notifier.notify,
-                                 paused=self.store_fault is not None)
+                                 paused=self.store_fault is not None, announced=announced)
         except StoreError as exc:
             self._store_failed(exc)
 

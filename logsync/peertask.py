@@ -13,6 +13,7 @@ import anyio.from_thread
 
 from logsync import peers as peers_mod
 from logsync.holders import Holders
+from logsync.ids import is_replica_id
 from logsync.outbox import direct_header
 from logsync.peerloop import PeerLoop
 from logsync.streamframes import DIRECT_HEADER, take_page
@@ -39,11 +40,13 @@ class PeerTask:
         self.wake.set()
 
     async def take_page(self, data: bytes, store: Any, holders: Holders,
-                        applied: Callable[[], None], *, paused: bool = False) -> None:
+                        applied: Callable[[], None], *, paused: bool = False,
+                        announced: str | None = None) -> None:
         """One page frame from this peer, taken by `streamframes.take_page` in a worker
         thread (decoding included); `applied()` wakes our own streams, and what the page
-        leaves us lacking goes to the pull loop. A `StoreError` is the caller's."""
-        replica = self.replica
+        leaves us lacking goes to the pull loop. The peer is the one our full rounds
+        know, else the one its stream's answer announced. A `StoreError` is the caller's."""
+        replica = self.replica or (announced if is_replica_id(announced) else None)
 
         def served(origin: str, last: int) -> None:  # holders live on the event loop
             anyio.from_thread.run_sync(holders.note, replica, {origin: last})

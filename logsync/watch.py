@@ -37,7 +37,7 @@ class LineTooLong(Exception):
 
 
 Change = Callable[[str | None, int | None], None]
-Page = Callable[[bytes], Awaitable[None]]
+Page = Callable[[bytes, str | None], Awaitable[None]]  # a page, the id its stream announced
 
 
 async def watch_stream(
@@ -58,7 +58,8 @@ async def watch_stream(
     were away are gone, and the stream starts at the newest event. `replica` (ours)
     is named in `wire.REPLICA_HEADER`: a logsync peer then sends no frame for an op
     it knows we hold (`logsync.holders`). With `on_page`, we ask for page frames
-    (`streamframes`): each page's data is awaited in `on_page`, in order, and each
+    (`streamframes`): each page's data is awaited in `on_page` (with the replica id the
+    stream's answer announced), in order, and each
     tops frame's origins go to `on_change` (a `more` as a reconnect: a full round);
     `direct()` gives the headers naming what we stream directly: read at each connect, and
     a change of it reconnects (after 0.5-1 s).
@@ -109,6 +110,7 @@ async def _follow(http: httpx.AsyncClient, url: str, on_change: Change,
             log.warning("stream %s %s; retrying later", redact_url(url), problem)
             return False
         on_change(None, None)
+        announced = response.headers.get(REPLICA_HEADER)  # a page stream names its server
         kind = b""
         async for line in bounded_lines(response.aiter_raw(), MAX_LINE_BYTES):
             if not line:
@@ -116,7 +118,7 @@ async def _follow(http: httpx.AsyncClient, url: str, on_change: Change,
             elif line.startswith(b"event:"):
                 kind = line[6:].strip()
             elif line.startswith(b"data:"):
-                await _data(kind, line[5:], on_change, on_page)
+                await _data(kind, line[5:], on_change, on_page, announced)
             if direct is not None and not kind and direct() != sent:
                 log.debug("stream %s: the peers we stream from changed; reconnecting",
                           redact_url(url))
@@ -124,10 +126,11 @@ async def _follow(http: httpx.AsyncClient, url: str, on_change: Change,
     return True
 
 
-async def _data(kind: bytes, data: bytes, on_change: Change, on_page: Page | None) -> None:
+async def _data(kind: bytes, data: bytes, on_change: Change, on_page: Page | None,
+                announced: str | None = None) -> None:
     """One frame's data line, by the frame's event type."""
     if kind == PAGE_EVENT.encode() and on_page is not None:
-        await on_page(data)
+        await on_page(data, announced)
     elif kind == TOPS_EVENT.encode() and on_page is not None:
         parsed = parse_tops(data)
         if parsed is None:

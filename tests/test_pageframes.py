@@ -40,7 +40,8 @@ def _follow(live: LiveApp, sub: Store, publisher: str, direct: dict[str, str],
             done: threading.Event) -> None:
     """Run `watch_stream` with page frames until `done`; pages applied to `sub`."""
 
-    async def on_page(data: bytes) -> None:
+    async def on_page(data: bytes, announced: str | None) -> None:
+        assert announced == publisher  # the page stream names its server
         frame = parse_page_frame(data)
         assert frame is not None
         taken = await anyio.to_thread.run_sync(apply_page_frame, sub, frame, publisher)
@@ -191,7 +192,7 @@ def test_the_watcher_reads_each_frame_by_its_event_type() -> None:
     seen: list = []
     pages: list[bytes] = []
 
-    async def on_page(data: bytes) -> None:
+    async def on_page(data: bytes, announced: str | None) -> None:
         pages.append(data)
 
     async def main() -> None:

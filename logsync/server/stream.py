@@ -207,8 +207,10 @@ async def logstream_stream(request: Request) -> Response:
         if isinstance(direct, str):
             return _error(400, f"{DIRECT_HEADER}: {direct}", code="bad_request")
         holders.forget(subscriber)  # a new stream: it may have restarted from a backup
+        own = await srv.run(lambda store: store.replica_id)  # no SQL: the id it opened with
         pump = PagePump(direct, coalesce, functools.partial(holders.holds, subscriber))
-        return _EventStream(srv, {}, None, None, pump=pump)
+        return _EventStream(srv, {}, None, None, pump=pump,
+                            headers=[(REPLICA_HEADER.lower().encode(), own.encode())])
     start, latest = await srv.run(check)
     held = None
     if holders is not None and is_replica_id(subscriber):
@@ -234,8 +236,10 @@ class _EventStream(Response):
                  latest: str | None,
                  held: Callable[[Mapping[str, Any]], bool] | None = None,
                  coalesce: float = COALESCE_S,
-                 pump: Callable[[StreamHost, Any], Any] | None = None) -> None:
+                 pump: Callable[[StreamHost, Any], Any] | None = None,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
         super().__init__(status_code=200)
+        self.sse_headers = _SSE_HEADERS + (headers or [])  # a page stream names its server
         self.srv, self.filters, self.cursor, self.latest = srv, filters, cursor, latest
         self.held, self.coalesce = held, coalesce
         self.pump = pump  # a page-taking subscriber's writes (`pagestream.PagePump`)
@@ -265,7 +269,8 @@ class _EventStream(Response):
         """Stream until the client leaves, stops reading, the store fails or we shut down."""
         timed = functools.partial(self._send, send)
         try:
-            await timed({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await timed({"type": "http.response.start", "status": 200,
+                         "headers": self.sse_headers})
             if scope.get("method") == "HEAD":
                 await timed({"type": "http.response.body", "body": b"", "more_body": False})
                 return

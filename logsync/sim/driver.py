@@ -113,7 +113,8 @@ class Driver:
         if link is None:
             return
         before, now = link.loop.next_due, self.sim.clock.now
-        publisher = link.replica  # known from the first full round, as the daemon's
+        # the peer's id from its full rounds, else as its page stream's answer announces it
+        publisher = link.replica or self.sim.nodes[peer].replica_id
 
         def served(origin: str, last: int) -> None:
             node.holders.note(publisher, {origin: last})
