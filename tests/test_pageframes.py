@@ -5,11 +5,13 @@ page it cannot trust is refused and pulled; two real daemons exchange ops with n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
 import threading
 import time
+from collections.abc import Iterator
 
 import anyio
 import httpx
@@ -59,65 +61,60 @@ def _follow(live: LiveApp, sub: Store, publisher: str, direct: dict[str, str],
     anyio.run(main)
 
 
-def test_a_subscriber_applies_the_ops_a_page_frame_carries(tmp_path) -> None:
-    """Ops (and a patch's artifact) appended on the publisher arrive inside page frames
-    and are applied as pulled: same ids, bodies and artifacts, nothing named to pull."""
+@contextlib.contextmanager
+def _subscribed(tmp_path, direct: dict[str, str]) -> Iterator[tuple]:
+    """A publisher on a real server and a subscriber following its page stream in a
+    thread: (publisher, subscriber, live app, names, applied counts), once connected."""
     with Store.open(tmp_path / "p") as pub, Store.open(tmp_path / "s") as sub, \
             LiveApp(pub) as live:
         live.app.state.holders = Holders()
         names: list = []
         pages: list[int] = []
         done = threading.Event()
-        thread = threading.Thread(target=_follow, args=(live, sub, pub.replica_id, {}, names,
-                                                        pages, done), daemon=True)
+        thread = threading.Thread(target=_follow, args=(live, sub, pub.replica_id, direct,
+                                                        names, pages, done), daemon=True)
         thread.start()
         try:
             assert _until(lambda: (None, None) in names, 10)  # connected
-            _append(pub, 3)
-            art = pub.put_artifact("patch", "diff --git a/x b/x\n", "a@b")
-            pub.append_event("patch.handoff", "s", "r", "a@b", body="a patch",
-                             artifact_ids=[art["id"]])
-            live.srv.notifier.notify()
-            assert _until(lambda: sub.version_vector().get(pub.replica_id) == 4, 10), pages
+            yield pub, sub, live, names, pages
         finally:
             done.set()
             thread.join(10)
             live.srv.begin_shutdown()
+
+
+def test_a_subscriber_applies_the_ops_a_page_frame_carries(tmp_path) -> None:
+    """Ops (and a patch's artifact) appended on the publisher arrive inside page frames
+    and are applied as pulled: same ids, bodies and artifacts, nothing named to pull."""
+    with _subscribed(tmp_path, {}) as (pub, sub, live, names, pages):
+        _append(pub, 3)
+        art = pub.put_artifact("patch", "diff --git a/x b/x\n", "a@b")
+        pub.append_event("patch.handoff", "s", "r", "a@b", body="a patch",
+                         artifact_ids=[art["id"]])
+        live.srv.notifier.notify()
+        assert _until(lambda: sub.version_vector().get(pub.replica_id) == 4, 10), pages
         mine = {e["id"]: e["body"] for e in pub.iter_events()}
         assert {e["id"]: e["body"] for e in sub.iter_events()} == mine
         assert [a["id"] for a in sub.iter_artifacts()] == [art["id"]]
-        assert sum(pages) == 4
-        assert [n for n in names if n[0] is not None] == []  # nothing left to pull
+    assert sum(pages) == 4
+    assert [n for n in names if n[0] is not None] == []  # nothing left to pull
 
 
 def test_an_origin_the_subscriber_streams_directly_is_only_named(tmp_path) -> None:
     """Ops of an origin the subscriber says it streams from directly come as a name
     (lazy), never as a page; the publisher's own ops still come as pages."""
-    with Store.open(tmp_path / "p") as pub, Store.open(tmp_path / "s") as sub, \
-            Store.open(tmp_path / "x") as other, LiveApp(pub) as live:
-        live.app.state.holders = Holders()
-        names: list = []
-        pages: list[int] = []
-        done = threading.Event()
-        direct = {DIRECT_HEADER: other.replica_id}
-        thread = threading.Thread(target=_follow, args=(live, sub, pub.replica_id, direct,
-                                                        names, pages, done), daemon=True)
-        thread.start()
-        try:
-            assert _until(lambda: (None, None) in names, 10)
-            _append(other, 2, "x")
-            page = push_page(other, other.replica_id, 0, 10, 1 << 20, other.replica_id)
-            frame = parse_page_frame(page.body)
-            assert frame is not None
-            apply_page_frame(pub, frame, other.replica_id)  # the publisher relays x's ops
-            _append(pub, 1)
-            live.srv.notifier.notify()
-            assert _until(lambda: (other.replica_id, 2) in names, 10), names
-            assert _until(lambda: sub.version_vector().get(pub.replica_id) == 1, 10)
-        finally:
-            done.set()
-            thread.join(10)
-            live.srv.begin_shutdown()
+    with Store.open(tmp_path / "x") as other, \
+            _subscribed(tmp_path, {DIRECT_HEADER: other.replica_id}) as (pub, sub, live,
+                                                                         names, _):
+        _append(other, 2, "x")
+        page = push_page(other, other.replica_id, 0, 10, 1 << 20, other.replica_id)
+        frame = parse_page_frame(page.body)
+        assert frame is not None
+        apply_page_frame(pub, frame, other.replica_id)  # the publisher relays x's ops
+        _append(pub, 1)
+        live.srv.notifier.notify()
+        assert _until(lambda: (other.replica_id, 2) in names, 10), names
+        assert _until(lambda: sub.version_vector().get(pub.replica_id) == 1, 10)
         assert other.replica_id not in sub.version_vector()  # named, not carried
 
 
@@ -245,26 +242,12 @@ def test_a_new_direct_peer_reconnects_the_stream_to_name_it(tmp_path, monkeypatc
     monkeypatch.setattr(stream_mod, "parse_direct", spy)
     other = "rep_" + "7" * 32
     known: dict[str, str] = {}
-    with Store.open(tmp_path / "p") as pub, Store.open(tmp_path / "s") as sub, \
-            LiveApp(pub) as live:
-        live.app.state.holders = Holders()
-        names: list = []
-        pages: list[int] = []
-        done = threading.Event()
-        thread = threading.Thread(target=_follow, args=(live, sub, pub.replica_id, known,
-                                                        names, pages, done), daemon=True)
-        thread.start()
-        try:
-            assert _until(lambda: names.count((None, None)) == 1, 10)
-            known[DIRECT_HEADER] = other  # a first round named the peer
-            _append(pub, 1)
-            live.srv.notifier.notify()
-            assert _until(lambda: names.count((None, None)) == 2, 10), names
-            assert _until(lambda: other in heard, 5), heard
-        finally:
-            done.set()
-            thread.join(10)
-            live.srv.begin_shutdown()
+    with _subscribed(tmp_path, known) as (pub, _, live, names, _pages):
+        known[DIRECT_HEADER] = other  # a first round named the peer
+        _append(pub, 1)
+        live.srv.notifier.notify()
+        assert _until(lambda: names.count((None, None)) == 2, 10), names
+        assert _until(lambda: other in heard, 5), heard
     assert heard[0] is None
 
 
