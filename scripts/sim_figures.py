@@ -101,6 +101,8 @@ def _bar(report: SimReport) -> str:
         wanted = target["target"]
         if name == "requests_per_event":
             shown.append(f"< {wanted:g} requests/op")
+        elif name == "messages_per_event":
+            shown.append(f"< {wanted:g} messages/op")
         else:
             shown.append(f"< {wanted * 1000:g} ms" if wanted < 1 else f"< {wanted:g} s")
     return f" ({', '.join(shown)}: {'met' if report.targets_met() else 'MISSED'})"

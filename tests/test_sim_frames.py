@@ -52,3 +52,24 @@ def test_no_frame_names_an_op_its_subscriber_holds() -> None:
     report = run_scenario(parse_scenario(pair, source="pair.toml").with_seed(2))
     assert report.ok, report.text()
     assert report.notifications == report.events  # one frame per op, to the other node
+
+
+def test_messages_per_event_is_a_graded_target() -> None:
+    """`[expect] messages_per_event` grades the run as requests per event does."""
+    for bar, met in (("1000", True), ("0.5", False)):
+        text = MESH.format(coalesce="20ms") + f"messages_per_event = {bar}\n"
+        report = run_scenario(parse_scenario(text, source="frames.toml").with_seed(2))
+        graded = report.targets()["messages_per_event"]
+        assert graded["got"] == report.messages_per_event and graded["met"] is met
+        assert report.targets_met() is met
+
+
+def test_page_frames_spare_the_pulls_a_named_frame_costs() -> None:
+    """With pages (the daemon's default) a frame carries its ops: far fewer requests
+    and messages than frames that only name what to pull, and nothing lost."""
+    paged = run("20ms")
+    named = run_scenario(parse_scenario(MESH.format(coalesce="20ms").replace(
+        "[sync]\n", "[sync]\npages = false\n"), source="frames.toml").with_seed(2))
+    assert paged.ok and named.ok and paged.lost == named.lost == 0
+    assert paged.requests_total < named.requests_total / 3
+    assert paged.messages_per_event < named.messages_per_event

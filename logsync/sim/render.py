@@ -78,7 +78,7 @@ def _sync_toml(sync: SyncSpec) -> list[str]:
 
 def _expect_toml(expect: Expect) -> list[str]:
     out = [f"converge_within = {expect.converge_within!r}"]
-    for key in ("median_reach", "max_reach", "requests_per_event"):
+    for key in ("median_reach", "max_reach", "requests_per_event", "messages_per_event"):
         if getattr(expect, key) is not None:
             out.append(f"{key} = {getattr(expect, key)!r}")
     return out

@@ -105,6 +105,7 @@ class SimReport:
             ("median_reach_s", e.median_reach, self.reach_median),
             ("max_reach_s", e.max_reach, self.reach_max),
             ("requests_per_event", e.requests_per_event, self.requests_per_event),
+            ("messages_per_event", e.messages_per_event, self.messages_per_event),
         ):
             if wanted is not None:
                 graded[name] = {"target": wanted, "got": got,

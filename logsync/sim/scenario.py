@@ -380,6 +380,7 @@ def _read_expect(t: Table) -> Expect:
         median_reach=t.duration("median_reach", None),
         max_reach=t.duration("max_reach", None),
         requests_per_event=t.number("requests_per_event", None),
+        messages_per_event=t.number("messages_per_event", None),
     )
 
 

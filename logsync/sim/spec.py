@@ -164,6 +164,7 @@ class Expect:
     median_reach: float | None = None
     max_reach: float | None = None
     requests_per_event: float | None = None
+    messages_per_event: float | None = None  # as Maelstrom counts: requests, answers, frames
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,8 @@ RANDOM_KEYS = (
     "partitions", "oneways", "crashes", "clock_jumps", "flaps", "slow", "link_faults",
     "window", "max_length", "max_jump",
 )
-EXPECT_KEYS = ("converge_within", "median_reach", "max_reach", "requests_per_event")
+EXPECT_KEYS = ("converge_within", "median_reach", "max_reach", "requests_per_event",
+               "messages_per_event")
 
 # A workload without a `mix` table does these actions with these weights.
 MIX_DEFAULT = (("ask", 4.0), ("reply", 3.0), ("ack", 2.0), ("patch", 1.0), ("claim", 1.0),
