@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,6 +94,16 @@ def page_frame(body: bytes) -> bytes:
 def tops_frame(named: Mapping[str, int], more: bool = False) -> bytes:
     data = json.dumps({"tops": dict(named), "more": more}, separators=(",", ":"))
     return f"event: {TOPS_EVENT}\ndata: {data}\n\n".encode()
+
+
+def tops_frames(tops: Iterable[tuple[str, int]], more: bool
+                ) -> list[tuple[str | None, int | None]]:
+    """What a tops frame tells the peer loop: each named (origin, top), then (None, None)
+    for `more` (a full round, as a reconnection). The daemon's and the simulator's rule."""
+    frames: list[tuple[str | None, int | None]] = list(tops)
+    if more:
+        frames.append((None, None))
+    return frames
 
 
 def parse_tops(data: bytes | str) -> tuple[dict[str, int], bool] | None:

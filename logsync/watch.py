@@ -22,7 +22,14 @@ import httpx
 from logsync import __version__
 from logsync.answers import ACCEPT_ENCODING, encoding_problem
 from logsync.peers import redact_url
-from logsync.streamframes import FRAMES_HEADER, PAGE_EVENT, PAGES, TOPS_EVENT, parse_tops
+from logsync.streamframes import (
+    FRAMES_HEADER,
+    PAGE_EVENT,
+    PAGES,
+    TOPS_EVENT,
+    parse_tops,
+    tops_frames,
+)
 from logsync.wire import REPLICA_HEADER, ChangeFrame
 
 log = logging.getLogger("logsync.watch")
@@ -136,10 +143,8 @@ async def _data(kind: bytes, data: bytes, on_change: Change, on_page: Page | Non
         if parsed is None:
             return  # not a tops frame: a hint we cannot read costs nothing
         tops, more = parsed
-        for origin, top in tops.items():
+        for origin, top in tops_frames(tops.items(), more):
             on_change(origin, top)
-        if more:
-            on_change(None, None)
     else:
         on_change(*frame_position(data))
 

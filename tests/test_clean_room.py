@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.clean_room.authoring import Store
+from tests.procs import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGSYNC = [str(Path(sys.executable).with_name("logsync"))]
@@ -49,12 +50,7 @@ class Peer:
         self.url = f"http://127.0.0.1:{self.info['port']}"
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc)
         for stream in (self.proc.stdout, self.proc.stderr):
             stream.close()
 

@@ -954,15 +954,9 @@ class HubProcess:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        import subprocess
+        from tests.procs import stop_process
 
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
 
 
 @pytest.mark.interop

@@ -46,7 +46,7 @@ from logsync.sim.rounds import (
     SimulatedCrash,
     crash_after,
 )
-from logsync.streamframes import take_page
+from logsync.streamframes import take_page, tops_frames
 
 
 class Driver:
@@ -128,10 +128,8 @@ class Driver:
                 return
             if took.pull is not None:
                 link.loop.frame(*took.pull, now)
-        for origin, top in tops:
+        for origin, top in tops_frames(tops, more):
             link.loop.frame(origin, top, now)
-        if more:
-            link.loop.frame(None, None, now)
         self._rearm(node, link, before)
 
     def reconnected(self, node: SimNode, peer: str) -> None:

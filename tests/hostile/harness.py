@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from procs import stop_process
 from test_daemon import PY, free_port, wait_for
 
 from logsync.model import MAX_METADATA_BYTES
@@ -90,13 +91,7 @@ class Victim:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         if not self._log_file.closed:
             self._log_file.close()
 
