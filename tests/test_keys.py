@@ -483,3 +483,23 @@ def test_verification_is_remembered_only_for_the_exact_bytes() -> None:
     assert not keys.verify_digest(public, digest, bad)
     assert not keys.verify_digest(public, bytes(31) + b"\x01", good)
     assert keys._verified.cache_info().maxsize == keys.VERIFIED_KEPT
+
+
+def test_a_relayed_key_that_would_be_ignored_opens_no_write_transaction(tmp_path):
+    """pin_keys decides 'same' and 'ignored' from a read: a relay's page, which publishes
+    an origin key the relay cannot vouch for, costs no write transaction."""
+    from logsync.store import Store
+
+    store = Store.open(tmp_path / "palace")
+    other = SigningKey.generate().verify_key.encode()
+    begun: list[str] = []
+    store._writer.set_trace_callback(lambda sql: begun.append(sql) if sql.startswith("BEGIN")
+                                     else None)
+    origin, relay = "rep_" + "a" * 32, "rep_" + "b" * 32
+    assert store.pin_keys({origin: other}, relay) == {origin: "ignored"}
+    assert begun == []
+    assert store.pin_keys({origin: other}, origin) == {origin: "new"}
+    assert len(begun) == 1
+    assert store.pin_keys({origin: other}, relay) == {origin: "same"}
+    assert len(begun) == 1
+    store.close()

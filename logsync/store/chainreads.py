@@ -25,7 +25,7 @@ from logsync.store.apply import ApplyResult, apply_page, apply_prepared, stored_
 from logsync.store.chaining import repair_origin
 from logsync.store.fastpage import Prepared, origin_state, page_shas, prepare_page
 from logsync.store.faults import describe_fault
-from logsync.store.keyring import known_key, pin_published
+from logsync.store.keyring import held_key, known_key, pin_published, published_outcome
 from logsync.store.ledgers import conflict_row, quarantine_row, record_conflicts, record_quarantine
 from logsync.store.rows import chunks, row_wire, same_event
 
@@ -389,9 +389,10 @@ class ChainViews:
         `key_change` conflict (at most `MAX_KEY_CHANGES_RECORDED` per call), and one the
         origin's id certifies replaces one pinned on first sight, also recorded. Returns
         origin -> 'new' | 'same' | 'changed' | 'replaced' | 'ignored'."""
-        held = self._guarded(lambda conn: {o: known_key(conn, o) for o in keys})
-        if all(held[o] == key for o, key in keys.items()):
-            return dict.fromkeys(keys, "same")  # the usual round: nothing to write
+        held = self._guarded(lambda conn: {o: held_key(conn, o) for o in keys})
+        quiet = {o: published_outcome(held[o], o, key, peer) for o, key in keys.items()}
+        if all(outcome in ("same", "ignored") for outcome in quiet.values()):
+            return quiet  # the usual round and a relay's page: nothing to write
         now = model.utc_now_iso(self._wall_ms())
         with self._atomic(durable=False) as conn:  # type: ignore[attr-defined]
             before = {o: known_key(conn, o) for o in keys}

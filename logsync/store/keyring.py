@@ -64,18 +64,32 @@ def pin_published(
     'ignored'; any key other than the one held is 'changed' (never written: the caller
     records it)."""
     key = _checked(public_key)
-    held = conn.execute("SELECT public_key, source FROM logsync_keys WHERE origin = ?",
-                        (origin,)).fetchone()
-    certified = certifies(origin, key)
-    if held is None:
-        if not certified and publisher != origin:
-            return "ignored"
-        return _pin(conn, origin, key, now, None)
-    if bytes(held[0]) == key:
-        return "same"
-    if certified and held[1] == "pinned":
+    outcome = published_outcome(held_key(conn, origin), origin, key, publisher)
+    if outcome == "new":
+        _pin(conn, origin, key, now, None)
+    elif outcome == "replaced":
         conn.execute("UPDATE logsync_keys SET public_key = ?, source = 'certified', "
                      "first_seen = ? WHERE origin = ?", (key, now, origin))
+    return outcome
+
+
+def held_key(conn: sqlite3.Connection, origin: str) -> tuple[bytes, str] | None:
+    """The key held for `origin` and its source ('self' | 'certified' | 'pinned')."""
+    row = conn.execute("SELECT public_key, source FROM logsync_keys WHERE origin = ?",
+                       (origin,)).fetchone()
+    return None if row is None else (bytes(row[0]), str(row[1]))
+
+
+def published_outcome(held: tuple[bytes, str] | None, origin: str, public_key: bytes,
+                      publisher: str) -> PublishedOutcome:
+    """`pin_published`'s decision, without writing: a caller that reads 'same' or
+    'ignored' for every key needs no write transaction."""
+    key = _checked(public_key)
+    if held is None:
+        return "new" if certifies(origin, key) or publisher == origin else "ignored"
+    if held[0] == key:
+        return "same"
+    if held[1] == "pinned" and certifies(origin, key):
         return "replaced"
     return "changed"
 
