@@ -286,18 +286,19 @@ class Daemon:
         await watch_stream(task.peer.url, task.peer.token, task.note, rng=self._rng,
                            verify=tls_context(True, self.config.ca_file),
                            replica=self.store.replica_id,
-                           on_page=functools.partial(self._take_page, task),
+                           on_page=functools.partial(self._take_pages, task),
                            direct=functools.partial(self._direct, task))
 
     def _direct(self, task: _PeerTask) -> dict[str, str]:
         """The origins we stream from directly, named to `task`'s peer (`outbox.py`)."""
         return direct_headers((t.replica for t in self._tasks.values()), task.replica)
 
-    async def _take_page(self, task: _PeerTask, data: bytes, announced: str | None) -> None:
-        """A page frame from the peer's stream (`peertask.take_page`); a store fault
+    async def _take_pages(self, task: _PeerTask, pages: list[bytes],
+                          announced: str | None) -> None:
+        """Page frames from the peer's stream (`peertask.take_pages`); a store fault
         pauses pulls as a round's would."""
         try:
-            await task.take_page(data, self.store, self.holders, self.app.state.notifier.notify,
+            await task.take_pages(pages, self.store, self.holders, self.app.state.notifier.notify,
                                  paused=self.store_fault is not None, announced=announced)
         except StoreError as exc:
             self._store_failed(exc)

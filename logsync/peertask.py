@@ -16,7 +16,7 @@ from logsync.holders import Holders
 from logsync.ids import is_replica_id
 from logsync.outbox import direct_header
 from logsync.peerloop import PeerLoop
-from logsync.streamframes import DIRECT_HEADER, take_page
+from logsync.streamframes import DIRECT_HEADER, take_pages
 
 
 @dataclass
@@ -39,28 +39,30 @@ class PeerTask:
         self.loop.frame(origin, seq, anyio.current_time())
         self.wake.set()
 
-    async def take_page(self, data: bytes, store: Any, holders: Holders,
-                        applied: Callable[[], None], *, paused: bool = False,
-                        announced: str | None = None) -> None:
-        """One page frame from this peer, taken by `streamframes.take_page` in a worker
-        thread (decoding included); `applied()` wakes our own streams, and what the page
-        leaves us lacking goes to the pull loop. The peer is the one our full rounds
-        know, else the one its stream's answer announced. A `StoreError` is the caller's."""
+    async def take_pages(self, pages: list[bytes], store: Any, holders: Holders,
+                         applied: Callable[[], None], *, paused: bool = False,
+                         announced: str | None = None) -> None:
+        """Page frames from this peer's stream, taken together by
+        `streamframes.take_pages` in a worker thread (decoding included); `applied()`
+        wakes our own streams, and what they leave us lacking goes to the pull loop. The
+        peer is the one our full rounds know, else the one its stream's answer
+        announced. A `StoreError` is the caller's."""
         replica = self.replica or (announced if is_replica_id(announced) else None)
 
         def served(origin: str, last: int) -> None:  # holders live on the event loop
             anyio.from_thread.run_sync(holders.note, replica, {origin: last})
 
         try:
-            took = await anyio.to_thread.run_sync(functools.partial(
-                take_page, store, data, replica, paused=paused, served=served))
+            taken = await anyio.to_thread.run_sync(functools.partial(
+                take_pages, store, pages, replica, paused=paused, served=served))
         except BaseException:
-            self.note(None, None)  # what the page held is pulled by a full round
+            self.note(None, None)  # what the pages held is pulled by a full round
             raise
-        if took.applied:
+        if any(took.applied for took in taken):
             applied()
-        if took.pull is not None:
-            self.note(*took.pull)
+        for took in taken:
+            if took.pull is not None:
+                self.note(*took.pull)
 
 
 def direct_headers(replicas: Iterable[str | None], publisher: str | None) -> dict[str, str]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,3 +215,19 @@ def take_page(store: Any, data: bytes | str, publisher: str | None, *, paused: b
         served(frame.origin, frame.last)
     taken = apply_page_frame(store, frame, publisher, perform)
     return Took(wanted if taken.lacking else None, taken.applied)
+
+
+def take_pages(store: Any, pages: Sequence[bytes | str], publisher: str | None, *,
+               paused: bool = False, served: Callable[[str, int], None] | None = None,
+               perform: Callable[[Any], Any] | None = None) -> list[Took]:
+    """The pages of one stream write, each by `take_page`, in one store transaction
+    (`Store.batch`: a commit costs about as much as a small page's apply). A page that
+    fails rolls back alone; an exception (a store fault) loses the whole write, which
+    the pull then recovers, as it would recover one page."""
+    if len(pages) < 2 or publisher is None or paused:
+        return [take_page(store, data, publisher, paused=paused, served=served,
+                          perform=perform) for data in pages]
+    with store.batch():
+        return [take_page(store, data, publisher, served=served, perform=perform)
+                for data in pages]
+

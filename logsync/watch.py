@@ -37,6 +37,7 @@ log = logging.getLogger("logsync.watch")
 READ_TIMEOUT_S = 45.0  # upstream pings every 15 s; three missed pings = dead stream
 # One SSE line: a frame's data line is one event (≤256 KiB body, ≤64 KiB metadata, routing).
 MAX_LINE_BYTES = 1024 * 1024
+MAX_PAGES_TAKEN_TOGETHER = 64  # page frames one `on_page` call (one transaction) takes
 
 
 class LineTooLong(Exception):
@@ -44,7 +45,7 @@ class LineTooLong(Exception):
 
 
 Change = Callable[[str | None, int | None], None]
-Page = Callable[[bytes, str | None], Awaitable[None]]  # a page, the id its stream announced
+Page = Callable[[list[bytes], str | None], Awaitable[None]]  # pages, the id their stream announced
 
 
 async def watch_stream(
@@ -65,8 +66,8 @@ async def watch_stream(
     were away are gone, and the stream starts at the newest event. `replica` (ours)
     is named in `wire.REPLICA_HEADER`: a logsync peer then sends no frame for an op
     it knows we hold (`logsync.holders`). With `on_page`, we ask for page frames
-    (`streamframes`): each page's data is awaited in `on_page` (with the replica id the
-    stream's answer announced), in order, and each
+    (`streamframes`): the page frames one read brings are awaited together in `on_page`
+    (with the replica id the stream's answer announced), in order, and each
     tops frame's origins go to `on_change` (a `more` as a reconnect: a full round);
     `direct()` gives the headers naming what we stream directly: read at each connect, and
     a change of it reconnects (after 0.5-1 s).
@@ -118,27 +119,41 @@ async def _follow(http: httpx.AsyncClient, url: str, on_change: Change,
             return False
         on_change(None, None)
         announced = response.headers.get(REPLICA_HEADER)  # a page stream names its server
-        kind = b""
-        async for line in bounded_lines(response.aiter_raw(), MAX_LINE_BYTES):
-            if not line:
-                kind = b""  # a frame ends
-            elif line.startswith(b"event:"):
-                kind = line[6:].strip()
-            elif line.startswith(b"data:"):
-                await _data(kind, line[5:], on_change, on_page, announced)
-            if direct is not None and not kind and direct() != sent:
-                log.debug("stream %s: the peers we stream from changed; reconnecting",
-                          redact_url(url))
-                return True
+        kind, pages = b"", []
+        async for lines in line_batches(response.aiter_raw(), MAX_LINE_BYTES):
+            for line in lines:
+                if not line:
+                    kind = b""  # a frame ends
+                elif line.startswith(b"event:"):
+                    kind = line[6:].strip()
+                elif line.startswith(b"data:") and kind == PAGE_EVENT.encode() \
+                        and on_page is not None:
+                    pages.append(line[5:])
+                    if len(pages) >= MAX_PAGES_TAKEN_TOGETHER:
+                        pages = await _take(on_page, pages, announced)
+                elif line.startswith(b"data:"):
+                    pages = await _take(on_page, pages, announced)  # frames stay in order
+                    await _data(kind, line[5:], on_change, on_page, announced)
+                if direct is not None and not kind and direct() != sent:
+                    await _take(on_page, pages, announced)
+                    log.debug("stream %s: the peers we stream from changed; reconnecting",
+                              redact_url(url))
+                    return True
+            pages = await _take(on_page, pages, announced)  # what one read brought
     return True
+
+
+async def _take(on_page: Page | None, pages: list[bytes], announced: str | None) -> list[bytes]:
+    """Hand the page frames gathered so far to `on_page`, together; none are left."""
+    if pages and on_page is not None:
+        await on_page(pages, announced)
+    return []
 
 
 async def _data(kind: bytes, data: bytes, on_change: Change, on_page: Page | None,
                 announced: str | None = None) -> None:
-    """One frame's data line, by the frame's event type."""
-    if kind == PAGE_EVENT.encode() and on_page is not None:
-        await on_page(data, announced)
-    elif kind == TOPS_EVENT.encode() and on_page is not None:
+    """One frame's data line (not a page), by the frame's event type."""
+    if kind == TOPS_EVENT.encode() and on_page is not None:
         parsed = parse_tops(data)
         if parsed is None:
             return  # not a tops frame: a hint we cannot read costs nothing
@@ -150,8 +165,16 @@ async def _data(kind: bytes, data: bytes, on_change: Change, on_page: Page | Non
 
 
 async def bounded_lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
-    """Lines (CR, LF or CRLF ended) of a byte stream; memory stays within `limit` bytes,
-    whatever the peer sends (httpx's own line iterator buffers a line of any size)."""
+    """Lines (CR, LF or CRLF ended) of a byte stream, one by one (`line_batches`)."""
+    async for lines in line_batches(chunks, limit):
+        for line in lines:
+            yield line
+
+
+async def line_batches(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[list[bytes]]:
+    """The lines (CR, LF or CRLF ended) each read of a byte stream completes; memory
+    stays within `limit` bytes a line, whatever the peer sends (httpx's own line
+    iterator buffers a line of any size)."""
     pending = b""
     async for chunk in chunks:
         data, held = pending + chunk, b""
@@ -162,7 +185,8 @@ async def bounded_lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterat
         for line in lines:
             if len(line) > limit:
                 raise LineTooLong(f"a line of {len(line)} bytes; the limit is {limit}")
-            yield line
+        if lines:
+            yield lines
         if len(pending) > limit:
             raise LineTooLong(f"more than {limit} bytes without a line end")
 

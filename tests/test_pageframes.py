@@ -42,12 +42,13 @@ def _follow(live: LiveApp, sub: Store, publisher: str, direct: dict[str, str],
             done: threading.Event) -> None:
     """Run `watch_stream` with page frames until `done`; pages applied to `sub`."""
 
-    async def on_page(data: bytes, announced: str | None) -> None:
+    async def on_page(datas: list[bytes], announced: str | None) -> None:
         assert announced == publisher  # the page stream names its server
-        frame = parse_page_frame(data)
-        assert frame is not None
-        taken = await anyio.to_thread.run_sync(apply_page_frame, sub, frame, publisher)
-        pages.append(taken.applied)
+        for data in datas:
+            frame = parse_page_frame(data)
+            assert frame is not None
+            taken = await anyio.to_thread.run_sync(apply_page_frame, sub, frame, publisher)
+            pages.append(taken.applied)
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:
@@ -182,30 +183,45 @@ def _until(predicate, within: float) -> bool:
 
 def test_the_watcher_reads_each_frame_by_its_event_type() -> None:
     """A tops frame names its origins (and `more` asks for a full round); one it cannot
-    read costs nothing; a page goes to `on_page`; an upstream frame is read as before."""
+    read costs nothing; the page frames one read brings go to `on_page` together, in
+    order with the other frames; an upstream frame is read as before."""
+    import httpx
+
     from logsync.streamframes import tops_frame
-    from logsync.watch import _data
+    from logsync.watch import _follow
 
     seen: list = []
-    pages: list[bytes] = []
+    batches: list[list[bytes]] = []
+    tops = tops_frame({"rep_" + "1" * 32: 7}, more=True)
+    reads = [
+        b"event: logsync-page\ndata: {1}\n\nevent: logsync-page\ndata: {2}\n\n" + tops
+        + b"event: logsync-tops\ndata: {\"tops\": {\"nope\": 1}}\n\n"
+        + b"event: logsync-page\ndata: {3}\n\nevent: logsync-page\r\ndata: {4",
+        b"}\r\n\r\nevent: logsync-tops\ndata: {\"tops\": {\"rep_" + b"2" * 32 + b"\": 0}}\n\n"
+        + b"data: {\"origin_replica\": \"rep_" + b"3" * 32 + b"\", \"origin_seq\": 4}\n\n",
+    ]
 
-    async def on_page(data: bytes, announced: str | None) -> None:
-        pages.append(data)
+    async def body():
+        for chunk in reads:
+            yield chunk
+
+    async def on_page(datas: list[bytes], announced: str | None) -> None:
+        assert announced == "rep_" + "9" * 32
+        batches.append([d.strip() for d in datas])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"X-Logsync-Replica": "rep_" + "9" * 32},
+                              content=body())
 
     async def main() -> None:
-        note = lambda o, s: seen.append((o, s))  # noqa: E731
-        data = tops_frame({"rep_" + "1" * 32: 7}, more=True).split(b"data: ")[1].strip()
-        await _data(b"logsync-tops", data, note, on_page)
-        await _data(b"logsync-tops", b'{"tops": {"nope": 1}}', note, on_page)
-        await _data(b"logsync-tops", b'{"tops": {"' + b"rep_" + b"2" * 32 + b'": 0}}', note,
-                    on_page)
-        await _data(b"logsync-page", b"{}", note, on_page)
-        await _data(b"logstream", b'{"origin_replica": "rep_' + b"3" * 32
-                    + b'", "origin_seq": 4}', note, on_page)
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+            await _follow(http, "http://peer/logstream/stream",
+                          lambda o, s: seen.append((o, s)), on_page)
 
     anyio.run(main)
-    assert seen == [("rep_" + "1" * 32, 7), (None, None), ("rep_" + "3" * 32, 4)]
-    assert pages == [b"{}"]
+    assert batches == [[b"{1}", b"{2}"], [b"{3}"], [b"{4}"]]
+    assert seen == [(None, None), ("rep_" + "1" * 32, 7), (None, None),
+                    ("rep_" + "3" * 32, 4)]
 
 
 def test_a_page_that_cannot_be_encoded_is_named_instead(tmp_path, monkeypatch) -> None:

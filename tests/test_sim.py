@@ -279,10 +279,10 @@ def test_the_checks_catch_a_store_that_skips_an_op(monkeypatch: pytest.MonkeyPat
     (leaving a hole below what it then holds) is caught at that apply."""
     real = Driver._perform
 
-    def lossy(self: Driver, node: Any, effect: Any, source: str) -> Any:
+    def lossy(self: Driver, node: Any, effect: Any, source: str, applied: Any = None) -> Any:
         if isinstance(effect, ApplyPage) and len(effect.events) > 1:
             effect = ApplyPage(effect.events[1:], effect.artifacts)
-        return real(self, node, effect, source)
+        return real(self, node, effect, source, applied)
 
     monkeypatch.setattr(Driver, "_perform", lossy)
     report = run_scenario(small())

@@ -46,7 +46,7 @@ from logsync.sim.rounds import (
     SimulatedCrash,
     crash_after,
 )
-from logsync.streamframes import take_page, tops_frames
+from logsync.streamframes import take_pages, tops_frames
 
 
 class Driver:
@@ -107,8 +107,9 @@ class Driver:
     def on_notify(self, node: SimNode, peer: str, tops: tuple[tuple[str, int], ...],
                   pages: list[bytes] = (), more: bool = False) -> None:  # type: ignore[assignment]
         """A write from `peer`'s stream: its pages taken by the daemon's rule
-        (`streamframes.take_page`), what they leave us lacking and what it names noted by
-        the peer loop."""
+        (`streamframes.take_pages`: one transaction), what they leave us lacking and what
+        it names noted by the peer loop. The node mirrors what they applied once the
+        write commits (a crash inside it commits none of it)."""
         link = self.links.get(node.name, {}).get(peer)
         if link is None:
             return
@@ -119,13 +120,16 @@ class Driver:
         def served(origin: str, last: int) -> None:
             node.holders.note(publisher, {origin: last})
 
-        for data in pages:
-            try:
-                took = take_page(node.store_or_fail(), data, publisher, served=served,
-                                 perform=lambda e: self._perform(node, e, peer))
-            except SimulatedCrash:
-                self.sim.crash_mid_apply(node)
-                return
+        applied: list[tuple[Any, ...]] = []  # mirrored once the write's batch commits
+        try:
+            taken = take_pages(node.store_or_fail(), pages, publisher, served=served,
+                               perform=lambda e: self._perform(node, e, peer, applied))
+        except SimulatedCrash:
+            self.sim.crash_mid_apply(node)
+            return
+        for args in applied:
+            node.after_apply(*args)
+        for took in taken:
             if took.pull is not None:
                 link.loop.frame(*took.pull, now)
         for origin, top in tops_frames(tops, more):
@@ -221,9 +225,11 @@ class Driver:
                 exc = error
         self._issue(run, flow, step)
 
-    def _perform(self, node: SimNode, effect: Any, source: str) -> Any:
+    def _perform(self, node: SimNode, effect: Any, source: str,
+                 applied: list[tuple[Any, ...]] | None = None) -> Any:
         """One store effect on the node's real store; an apply may be armed to crash
-        inside its transaction (it never commits, as after a `kill -9`)."""
+        inside its transaction (it never commits, as after a `kill -9`). An apply inside
+        a batch is mirrored by the caller after the commit (`applied`)."""
         if isinstance(effect, ReadVector):
             return node.stored_vector()  # the node's mirror of the store's vector
         if not isinstance(effect, ApplyPage):
@@ -243,7 +249,10 @@ class Driver:
             result = effects.perform(store, effect)
         finally:
             node.store_changed()
-        node.after_apply(effect.events, effect.artifacts, result, source)
+        if applied is None:
+            node.after_apply(effect.events, effect.artifacts, result, source)
+        else:
+            applied.append((effect.events, effect.artifacts, result, source))
         return result
 
     def _issue(self, run: Run, flow: Flow, step: Any) -> None:

@@ -24,8 +24,7 @@ import os
 import secrets
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,6 @@ from logsync.errors import (
     KeyFileError,
     ReplicaIdentityError,
     StoreError,
-    ValidationError,
 )
 from logsync.files import make_private_dir
 from logsync.keyfile import KEY_FILENAME, load_or_mint_signing_key, read_signing_key
@@ -64,6 +62,7 @@ from logsync.store.schema import (
     migrate,
     schema_problem,
 )
+from logsync.store.transactions import Transactions
 from logsync.store.writes import LocalWrites
 
 DB_FILENAME = "logstream.sqlite3"
@@ -83,7 +82,7 @@ def default_id_factory(wall_ms: Callable[[], int]) -> IdFactory:
     return new_id
 
 
-class Store(LocalWrites, Reads, ChainViews):
+class Store(Transactions, LocalWrites, Reads, ChainViews):
     """One palace's logstream: a WAL SQLite file, many readers, one writer."""
 
     def __init__(
@@ -265,70 +264,6 @@ class Store(LocalWrites, Reads, ChainViews):
             return conn
         assert last is not None
         raise last
-
-    def _reader(self) -> sqlite3.Connection:
-        """One read connection per thread: WAL readers never block the writer."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._connect()
-            self._local.conn = conn
-        return conn
-
-    @contextmanager
-    def _atomic(self, *, durable: bool) -> Iterator[sqlite3.Connection]:
-        """One write transaction; BEGIN IMMEDIATE serialises writers across processes.
-
-        Every SQLite failure but a constraint violation becomes a ``StoreError`` naming
-        the file and the cause (disk full, read-only, corrupt, locked). SQLite may have
-        rolled the transaction back itself (a full disk does), so ROLLBACK runs only
-        while a transaction is still open.
-        """
-        if self.read_only:
-            raise StoreError(f"cannot write to {self.db_path}: the store was opened read-only")
-        with self._write_lock:
-            conn = self._writer
-            try:
-                if self._durable is not durable:  # set only when it changes (per connection)
-                    conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-                    self._durable = durable
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                self._rollback(conn)
-                raise StoreError(describe_fault(self.db_path, "write to", exc)) from None
-            try:
-                yield conn
-            except sqlite3.IntegrityError:
-                self._rollback(conn)
-                raise
-            except sqlite3.Error as exc:
-                self._rollback(conn)
-                raise StoreError(describe_fault(self.db_path, "write to", exc)) from None
-            except BaseException:
-                self._rollback(conn)
-                raise
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                self._rollback(conn)
-                raise StoreError(describe_fault(self.db_path, "commit to", exc)) from None
-
-    @staticmethod
-    def _rollback(conn: sqlite3.Connection) -> None:
-        if conn.in_transaction:
-            with suppress(sqlite3.Error):  # the original failure is the one to report
-                conn.execute("ROLLBACK")
-
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        try:
-            return self._reader().execute(sql, params).fetchall()
-        except OverflowError:
-            raise ValidationError(
-                "a number in the request is too large: SQLite integers stop at 2**63 - 1"
-            ) from None
-        except sqlite3.IntegrityError:
-            raise
-        except sqlite3.Error as exc:
-            raise StoreError(describe_fault(self.db_path, "read", exc)) from None
 
     # ── health ────────────────────────────────────────────────────────
 
