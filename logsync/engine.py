@@ -347,7 +347,8 @@ def pull_origin(
     first: Any = None,
 ) -> Generator[Step, Any, OriginProgress]:
     """Pull one origin from `progress.reached` up to `progress.target`, page by page.
-    `first` is the answer to the first page when the caller already fetched it.
+    `first` is the answer to the first page when the caller already fetched it (or
+    its `OpsPage`, when the caller parsed it as this pull would).
     A page-level fault stops only this origin (rule 6)."""
     while not progress.stop_reason:
         budget = min(report.ops_budget, MAX_OPS_PER_ORIGIN - (progress.reached - progress.start))
@@ -364,8 +365,9 @@ def pull_origin(
             else:
                 report.requests += 1
                 answer = yield _page_request(progress, ext, asked)
-            page = parse_page(answer, peer, progress.origin, _page_after(progress, ext), asked,
-                              inline_asked=ext.inline_artifacts, chain_asked=ext.chain)
+            page = answer if isinstance(answer, OpsPage) else parse_page(
+                answer, peer, progress.origin, _page_after(progress, ext), asked,
+                inline_asked=ext.inline_artifacts, chain_asked=ext.chain)
             progress.pages += 1
             if not page.events:
                 progress.stop_reason = _stop_reason_for_empty(progress)

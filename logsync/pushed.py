@@ -102,7 +102,7 @@ def accept_push(store: StoreLike, body: object, pusher: str,
     ext = Extensions(inline_artifacts=True, max_page_limit=MAX_PUSH_OPS, chain=True)
     try:
         _drive(store, pull_origin(pusher, progress, ext, MAX_PUSH_OPS, False, report,
-                                  first=body), perform)
+                                  first=page), perform)
     except PeerError as exc:  # the engine raises only what ends a round; a push has one page
         raise ValidationError(str(exc)) from None
     if progress.failed:
