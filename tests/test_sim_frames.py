@@ -73,3 +73,37 @@ def test_page_frames_spare_the_pulls_a_named_frame_costs() -> None:
     assert paged.ok and named.ok and paged.lost == named.lost == 0
     assert paged.requests_total < named.requests_total / 3
     assert paged.messages_per_event < named.messages_per_event
+
+
+def test_a_subscriber_names_a_direct_peer_only_once_a_round_taught_its_id(tmp_path,
+                                                                       monkeypatch) -> None:
+    """As the daemon: what a subscriber names as streamed directly comes from the peer
+    ids its rounds learnt (`outbox.direct_header`); when it grows, the stream is
+    replaced (the watcher reconnects) and the subscriber runs a full round."""
+    from logsync.sim.runner import Simulation
+    from logsync.sim.streams import Streams
+
+    named: list[tuple[str, str, frozenset[str], frozenset[str]]] = []
+    real = Streams._direct
+
+    def spy(self, sub, publisher):  # type: ignore[no-untyped-def]
+        got = real(self, sub, publisher)
+        learnt = frozenset(link.replica for link in self.sim.driver.links[sub.name].values()
+                           if link.replica and link.replica != publisher.replica_id)
+        named.append((sub.name, publisher.name, got, learnt))
+        return got
+
+    monkeypatch.setattr(Streams, "_direct", spy)
+    reconnects: list[str] = []
+    scenario = parse_scenario(MESH.format(coalesce="20ms"), source="frames.toml").with_seed(2)
+    sim = Simulation(scenario, tmp_path)
+    real_reconnected = sim.driver.reconnected
+    monkeypatch.setattr(sim.driver, "reconnected",
+                        lambda node, peer: (reconnects.append(node.name),
+                                            real_reconnected(node, peer)))
+    report = sim.run(0.0)
+    assert report.ok and report.lost == 0, report.text()
+    assert all(got == learnt for _, _, got, learnt in named)  # never more than rounds taught
+    assert any(not got for _, _, got, _ in named)  # before the first rounds: nothing named
+    assert any(len(got) == 3 for _, _, got, _ in named)  # later: every other peer of a 5-mesh
+    assert reconnects  # the stream was replaced when the set grew

@@ -8,7 +8,8 @@ import json
 import math
 from typing import Any
 
-from logsync.outbox import Outbox
+from logsync.ids import is_replica_id
+from logsync.outbox import Outbox, direct_header, parse_direct
 from logsync.sim.clock import US
 from logsync.sim.network import Message
 from logsync.sim.node import SimNode
@@ -41,20 +42,31 @@ class Streams:
             self._arm(node, peer, box, was)
 
     def _outbox(self, node: SimNode, peer: str) -> Outbox:
-        """The node's outbox for one subscriber; a new one when either side restarted (the
-        stream reconnects). The subscriber names the peers it streams from (`direct`)."""
+        """The node's outbox for one subscriber; a new one when either side restarted
+        or the peers the subscriber names as streamed directly changed (the daemon's
+        watcher reconnects to name them, and runs a full round on reconnecting)."""
         key = (node.name, peer)
         entry = self.outboxes.get(key)
         sub = self.sim.nodes[peer]
-        if entry is None or entry[0] != (node.incarnation, sub.incarnation):
-            spec = self.sim.scenario.sync
-            pages = spec.pages and node.logsync and sub.logsync
-            direct = frozenset(self.sim.nodes[q].replica_id for q in sub.pulls_from
-                               if q != node.name) if pages else frozenset()
-            box = Outbox(node.replica_id, direct, pages=pages, coalesce=spec.coalesce,
-                         lazy=spec.lazy)
-            entry = self.outboxes[key] = ((node.incarnation, sub.incarnation), box)
-        return entry[1]
+        spec = self.sim.scenario.sync
+        pages = spec.pages and node.logsync and sub.logsync
+        direct = self._direct(sub, node) if pages else frozenset()
+        if entry is not None and entry[0] == (node.incarnation, sub.incarnation) \
+                and entry[1].direct != direct:
+            self.sim.driver.reconnected(sub, node.name)
+        elif entry is not None and entry[0] == (node.incarnation, sub.incarnation):
+            return entry[1]
+        box = Outbox(node.replica_id, direct, pages=pages, coalesce=spec.coalesce,
+                     lazy=spec.lazy)
+        self.outboxes[key] = ((node.incarnation, sub.incarnation), box)
+        return box
+
+    def _direct(self, sub: SimNode, publisher: SimNode) -> frozenset[str]:
+        """What `sub` names to `publisher` as streamed directly: the daemon's header
+        (`peertask.direct_headers`), from the peer ids its rounds have learnt."""
+        known = (link.replica for link in self.sim.driver.links.get(sub.name, {}).values())
+        named = parse_direct(direct_header(known, publisher.replica_id), is_replica_id)
+        return named if isinstance(named, frozenset) else frozenset()
 
     def _arm(self, node: SimNode, peer: str, box: Outbox, was: float | None) -> None:
         due = box.due()
