@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,41 +194,52 @@ class Took:
 def take_page(store: Any, data: bytes | str, publisher: str | None, *, paused: bool = False,
               served: Callable[[str, int], None] | None = None,
               perform: Callable[[Any], Any] | None = None) -> Took:
-    """The one rule for a page frame, the daemon's and the simulator's (blocking: SQLite).
-
-    A frame that is not a page asks for a full round, as an unreadable frame does. A page
-    we cannot take now (the stream's peer is not known yet: `publisher` None; pulls are
-    `paused` by a store fault) or whose `from` is not the stream's peer is pulled instead.
-    Otherwise `served(origin, last)` notes that the peer holds what it sent (before the
-    apply, so our own stream never sends it back), the page is applied as a pushed page,
-    and whatever it leaves us lacking is pulled."""
-    frame = parse_page_frame(data)
-    if frame is None:
-        return Took((None, None))
-    wanted = (frame.origin, frame.last)
-    if publisher is None or paused:
-        return Took(wanted)
-    if frame.body.get("from") != publisher:
-        log.info("a page frame of origin %s names sender %.80r, not the stream's peer %s: "
-                 "pulled instead", frame.origin, frame.body.get("from"), publisher)
-        return Took(wanted)
-    if served is not None:
-        served(frame.origin, frame.last)
-    taken = apply_page_frame(store, frame, publisher, perform)
-    return Took(wanted if taken.lacking else None, taken.applied)
+    """One page frame by `take_pages`."""
+    return take_pages(store, [data], publisher, paused=paused, served=served,
+                      perform=perform)[0]
 
 
 def take_pages(store: Any, pages: Sequence[bytes | str], publisher: str | None, *,
                paused: bool = False, served: Callable[[str, int], None] | None = None,
                perform: Callable[[Any], Any] | None = None) -> list[Took]:
-    """The pages of one stream write, each by `take_page`, in one store transaction
-    (`Store.batch`: a commit costs about as much as a small page's apply). A page that
-    fails rolls back alone; an exception (a store fault) loses the whole write, which
-    the pull then recovers, as it would recover one page."""
-    if len(pages) < 2 or publisher is None or paused:
-        return [take_page(store, data, publisher, paused=paused, served=served,
-                          perform=perform) for data in pages]
-    with store.batch():
-        return [take_page(store, data, publisher, served=served, perform=perform)
-                for data in pages]
+    """The one rule for the page frames of one stream write, the daemon's and the
+    simulator's (blocking: SQLite).
 
+    A frame that is not a page asks for a full round, as an unreadable frame does. A page
+    we cannot take now (the stream's peer is not known yet: `publisher` None; pulls are
+    `paused` by a store fault) or whose `from` is not the stream's peer is pulled instead.
+    Otherwise `served(origin, last)` notes that the peer holds what it sent (before any
+    apply, so our own stream never sends it back, and outside the transaction, so the
+    note never waits while the store's writer is held), the pages are applied as pushed
+    pages in one store transaction (`Store.batch`: a commit costs about as much as a
+    small page's apply), and whatever they leave us lacking is pulled. A page the store
+    refuses applies nothing; an exception (a store fault) loses the whole write, which
+    the pull recovers."""
+    judged = [_judge(data, publisher, paused) for data in pages]
+    frames = [frame for frame in judged if isinstance(frame, PageFrame)]
+    if served is not None:
+        for frame in frames:
+            served(frame.origin, frame.last)
+    with store.batch() if len(frames) > 1 else nullcontext():
+        return [_take(store, item, publisher, perform) if isinstance(item, PageFrame)
+                else item for item in judged]
+
+
+def _judge(data: bytes | str, publisher: str | None, paused: bool) -> PageFrame | Took:
+    """The page a frame carries if we take it now, else what to do instead."""
+    frame = parse_page_frame(data)
+    if frame is None:
+        return Took((None, None))
+    if publisher is None or paused:
+        return Took((frame.origin, frame.last))
+    if frame.body.get("from") != publisher:
+        log.info("a page frame of origin %s names sender %.80r, not the stream's peer %s: "
+                 "pulled instead", frame.origin, frame.body.get("from"), publisher)
+        return Took((frame.origin, frame.last))
+    return frame
+
+
+def _take(store: Any, frame: PageFrame, publisher: str,
+          perform: Callable[[Any], Any] | None) -> Took:
+    taken = apply_page_frame(store, frame, publisher, perform)
+    return Took((frame.origin, frame.last) if taken.lacking else None, taken.applied)
