@@ -85,9 +85,13 @@ def test_a_write_that_fails_inside_a_batch_commits_none_of_it(tmp_path, monkeypa
             raise RuntimeError("planted failure")
         return real(conn, *args, **kwargs)
 
-    with Store.open(tmp_path / "p") as pub, Store.open(tmp_path / "s") as sub:
+    with Store.open(tmp_path / "p") as pub, Store.open(tmp_path / "s") as sub, \
+            Store.open(tmp_path / "o") as other:
         _append(pub, 4)
-        pages = [_page(pub, 0, 2), _page(pub, 2, 2)]
+        _append(other, 2)
+        # a third page of another origin, relayed by pub: after a swallowed failure its
+        # write must not go in on its own
+        pages = [_page(pub, 0, 2), _page(pub, 2, 2), _page(other, 0, 2, pub.replica_id)]
         monkeypatch.setattr("logsync.store.chainreads.apply_prepared", failing)
         with pytest.raises(RuntimeError, match="planted failure"):
             streamframes.take_pages(sub, pages, pub.replica_id)
@@ -115,8 +119,8 @@ def test_a_write_that_fails_inside_a_batch_commits_none_of_it(tmp_path, monkeypa
 
         monkeypatch.setattr("logsync.store.chainreads.apply_prepared", real)
         taken = streamframes.take_pages(sub, pages, pub.replica_id)
-        assert [t.applied for t in taken] == [2, 2]
-        assert sub.version_vector() == {pub.replica_id: 4}
+        assert [t.applied for t in taken] == [2, 2, 2]
+        assert sub.version_vector() == {pub.replica_id: 4, other.replica_id: 2}
 
 
 def test_a_local_append_never_waits_inside_a_batch(tmp_path) -> None:
