@@ -399,7 +399,7 @@ def push_page(store: Any, origin: str, after: int, limit: int, max_bytes: int,
     artifacts = named_by(artifacts, events)
     named = {a for event in events for a in event.get("artifact_ids") or []}
     held = len(store.get_artifacts(named)) if named else 0
-    key = store.public_keys().get(origin) if events else None
+    key = store.origin_key(origin) if events else None
     page: dict[str, Any] = {"origin": origin, "after": after, "from": sender, "events": events,
                             "count": len(events), "artifacts": artifacts, "chain": chain}
     if key is not None:  # as the vector answer publishes it, so the receiver can verify

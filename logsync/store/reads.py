@@ -180,6 +180,11 @@ class Reads:
         rows = self._read("SELECT origin, public_key FROM logsync_keys ORDER BY origin")
         return {str(r[0]): bytes(r[1]) for r in rows}
 
+    def origin_key(self, origin: str) -> bytes | None:
+        """The public key known for one origin (a page's: not every origin's)."""
+        rows = self._read("SELECT public_key FROM logsync_keys WHERE origin = ?", (origin,))
+        return bytes(rows[0][0]) if rows else None
+
     def audit(self, origin: str | None = None) -> AuditReport:
         """Every chain entry and artifact re-checked against a recomputation from the ops
         and contents (`logsync verify`), in one snapshot on this thread's read connection;
