@@ -182,9 +182,11 @@ async def line_batches(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterato
             data, held = data[:-1], b"\r"
         *lines, rest = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
         pending = rest + held
-        for line in lines:
-            if len(line) > limit:
-                raise LineTooLong(f"a line of {len(line)} bytes; the limit is {limit}")
+        long = next((i for i, line in enumerate(lines) if len(line) > limit), None)
+        if long is not None:  # the frames before it still count; the connection ends
+            if long:
+                yield lines[:long]
+            raise LineTooLong(f"a line of {len(lines[long])} bytes; the limit is {limit}")
         if lines:
             yield lines
         if len(pending) > limit:

@@ -166,3 +166,19 @@ def test_taking_a_write_together_ends_as_taking_its_pages_one_by_one(tmp_path_fa
         assert [(t.pull, t.applied) for t in both] == [(t.pull, t.applied) for t in each]
         assert _held(together) == _held(alone)
         assert together.version_vector() == alone.version_vector()
+
+
+def test_an_inner_batch_ends_by_raising_a_failure_and_none_outlives_the_batch(tmp_path) -> None:
+    """A batch inside a batch (re-entrant) raises a swallowed failure where it ends, so
+    nothing inside it counts as applied; the failure is not kept past the outer batch."""
+    with Store.open(tmp_path / "s") as sub:
+        with pytest.raises(RuntimeError, match="planted"), sub.batch():
+            with pytest.raises(RuntimeError, match="planted"), sub.batch():
+                try:
+                    with sub._atomic(durable=False):
+                        raise RuntimeError("planted")
+                except RuntimeError:
+                    pass  # swallowed inside
+        assert sub._batch_failure is None and sub._batch_thread is None
+        with sub.batch():  # the next batch starts clean
+            pass

@@ -53,6 +53,7 @@ class Streams:
         direct = self._direct(sub, node) if pages else frozenset()
         if entry is not None and entry[0] == (node.incarnation, sub.incarnation) \
                 and entry[1].direct != direct:
+            node.holders.forget(sub.replica_id)  # a new stream, as the server's
             self.sim.driver.reconnected(sub, node.name)
         elif entry is not None and entry[0] == (node.incarnation, sub.incarnation):
             return entry[1]

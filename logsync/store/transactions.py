@@ -64,15 +64,18 @@ class Transactions:
         Not durable: remote ops can be pulled again. Re-entrant in its thread."""
         if self._in_batch():
             yield
+            if self._batch_failure is not None:  # nothing inside counts as applied
+                raise self._batch_failure
             return
         with self._transaction(durable=False):
             self._batch_thread, self._batch_failure = threading.get_ident(), None
             try:
                 yield
+                failure = self._batch_failure
             finally:
-                self._batch_thread = None
-            if self._batch_failure is not None:  # a write failed and someone swallowed it
-                raise self._batch_failure
+                self._batch_thread, self._batch_failure = None, None
+            if failure is not None:  # a write failed and someone swallowed it
+                raise failure
 
     @contextmanager
     def _atomic(self, *, durable: bool) -> Iterator[sqlite3.Connection]:
@@ -95,8 +98,8 @@ class Transactions:
             self._rollback(conn)
             raise
         except sqlite3.Error as exc:
-            self._rollback(conn)
             self._batch_failure = StoreError(describe_fault(self.db_path, "write to", exc))
+            self._rollback(conn)
             raise self._batch_failure from None
         except BaseException as exc:
             self._batch_failure = exc
@@ -139,8 +142,10 @@ class Transactions:
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> None:
-        if conn.in_transaction:
-            with suppress(sqlite3.Error):  # the original failure is the one to report
+        """Roll back what is open; the original failure is the one to report (also when
+        the store was closed meanwhile: `in_transaction` then raises too)."""
+        with suppress(sqlite3.Error):
+            if conn.in_transaction:
                 conn.execute("ROLLBACK")
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
