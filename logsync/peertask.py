@@ -49,8 +49,8 @@ class PeerTask:
         announced. A `StoreError` is the caller's."""
         replica = self.replica or (announced if is_replica_id(announced) else None)
 
-        def served(origin: str, last: int) -> None:  # holders live on the event loop
-            anyio.from_thread.run_sync(holders.note, replica, {origin: last})
+        def served(held: dict[str, int]) -> None:  # holders live on the event loop
+            anyio.from_thread.run_sync(holders.note, replica, held)
 
         try:
             taken = await anyio.to_thread.run_sync(functools.partial(

@@ -192,7 +192,7 @@ class Took:
 
 
 def take_page(store: Any, data: bytes | str, publisher: str | None, *, paused: bool = False,
-              served: Callable[[str, int], None] | None = None,
+              served: Callable[[dict[str, int]], None] | None = None,
               perform: Callable[[Any], Any] | None = None) -> Took:
     """One page frame by `take_pages`."""
     return take_pages(store, [data], publisher, paused=paused, served=served,
@@ -200,26 +200,28 @@ def take_page(store: Any, data: bytes | str, publisher: str | None, *, paused: b
 
 
 def take_pages(store: Any, pages: Sequence[bytes | str], publisher: str | None, *,
-               paused: bool = False, served: Callable[[str, int], None] | None = None,
+               paused: bool = False, served: Callable[[dict[str, int]], None] | None = None,
                perform: Callable[[Any], Any] | None = None) -> list[Took]:
     """The one rule for the page frames of one stream write, the daemon's and the
     simulator's (blocking: SQLite).
 
     A frame that is not a page asks for a full round, as an unreadable frame does. A page
     we cannot take now (the stream's peer is not known yet: `publisher` None; pulls are
-    `paused` by a store fault) or whose `from` is not the stream's peer is pulled instead.
-    Otherwise `served(origin, last)` notes that the peer holds what it sent (before any
-    apply, so our own stream never sends it back, and outside the transaction, so the
-    note never waits while the store's writer is held), the pages are applied as pushed
-    pages in one store transaction (`Store.batch`: a commit costs about as much as a
-    small page's apply), and whatever they leave us lacking is pulled. A page the store
-    refuses applies nothing; an exception (a store fault) loses the whole write, which
-    the pull recovers."""
+    `paused` by a store fault) or whose `from` is not the stream's peer is pulled
+    instead. Otherwise `served({origin: last})` notes, once for the write, that the peer
+    holds what it sent: before any apply (so our own stream never sends it back) and
+    outside the transaction (so the note never waits while the writer is held). The
+    pages are then applied as pushed pages in one store transaction (`Store.batch`: a
+    commit costs about as much as a small page's apply), and whatever they leave us
+    lacking is pulled. A page the store refuses applies nothing; an exception (a store
+    fault) loses the whole write, which the pull recovers."""
     judged = [_judge(data, publisher, paused) for data in pages]
     frames = [frame for frame in judged if isinstance(frame, PageFrame)]
-    if served is not None:
+    if served is not None and frames:
+        held: dict[str, int] = {}
         for frame in frames:
-            served(frame.origin, frame.last)
+            held[frame.origin] = max(frame.last, held.get(frame.origin, 0))
+        served(held)
     with store.batch() if len(frames) > 1 else nullcontext():
         return [_take(store, item, publisher, perform) if isinstance(item, PageFrame)
                 else item for item in judged]

@@ -45,10 +45,10 @@ def test_a_write_of_pages_is_one_transaction_whose_reads_see_its_writes(tmp_path
         pages = [_page(pub, 0, 2), _page(pub, 2, 2), _page(pub, 4, 2)]
         begun = _begins(sub)
         noted: list = []  # each page noted before any apply, never while the writer is held
-        taken = streamframes.take_pages(sub, pages, pub.replica_id, served=lambda o, s: (
-            noted.append((s, sub._batch_thread, sub.version_vector()))))
+        taken = streamframes.take_pages(sub, pages, pub.replica_id, served=lambda held: (
+            noted.append((held, sub._batch_thread, sub.version_vector()))))
         assert [(t.pull, t.applied) for t in taken] == [(None, 2)] * 3
-        assert noted == [(2, None, {}), (4, None, {}), (6, None, {})]
+        assert noted == [({pub.replica_id: 6}, None, {})]  # once for the write
         assert begun == ["BEGIN IMMEDIATE"]
         assert sub.version_vector() == {pub.replica_id: 6}
 

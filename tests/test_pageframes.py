@@ -278,11 +278,11 @@ def test_an_unreadable_page_asks_for_a_full_round_and_a_write_is_bounded(tmp_pat
         _append(pub, 3)
         page = push_page(pub, pub.replica_id, 0, 3, 1 << 20, pub.replica_id).body
         noted: list = []
-        took = streamframes.take_page(sub, page, None, served=lambda o, s: noted.append(o))
+        took = streamframes.take_page(sub, page, None, served=noted.append)
         assert took.pull == (pub.replica_id, 3) and noted == []  # peer not known: pulled
         took = streamframes.take_page(sub, page, pub.replica_id,
-                                      served=lambda o, s: noted.append((o, s)))
-        assert took.pull is None and took.applied == 3 and noted == [(pub.replica_id, 3)]
+                                      served=noted.append)
+        assert took.pull is None and took.applied == 3 and noted == [{pub.replica_id: 3}]
         monkeypatch.setattr(streamframes, "WRITE_BYTES", 1)
         others = {f"rep_{i:032x}": (0, 1) for i in range(3)}
         write = Write(pages={pub.replica_id: (0, 3), **others})

@@ -117,12 +117,10 @@ class Driver:
         # the peer's id from its full rounds, else as its page stream's answer announces it
         publisher = link.replica or self.sim.nodes[peer].replica_id
 
-        def served(origin: str, last: int) -> None:
-            node.holders.note(publisher, {origin: last})
-
         applied: list[tuple[Any, ...]] = []  # mirrored once the write's batch commits
         try:
-            taken = take_pages(node.store_or_fail(), pages, publisher, served=served,
+            taken = take_pages(node.store_or_fail(), pages, publisher,
+                               served=lambda held: node.holders.note(publisher, held),
                                perform=lambda e: self._perform(node, e, peer, applied))
         except SimulatedCrash:
             self.sim.crash_mid_apply(node)
