@@ -160,7 +160,9 @@ def scrub(conn: sqlite3.Connection, replica_id: str) -> None:
     """Delete the source's own rows; its key becomes an ordinary origin key; signatures a
     joiner would drop go."""
     conn.execute("PRAGMA journal_mode=DELETE")  # a plain file: no -wal beside it
-    conn.execute("PRAGMA journal_mode=MEMORY")  # a temp copy: a failure discards it whole
+    # No journal (none on disk, none in memory: a large copy changes many chain pages):
+    # a failure discards the temp copy whole.
+    conn.execute("PRAGMA journal_mode=OFF")
     conn.execute("PRAGMA synchronous=OFF")
     conn.execute("BEGIN IMMEDIATE")
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
