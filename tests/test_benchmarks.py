@@ -148,10 +148,11 @@ def test_snapshot_join_reports_its_ratios() -> None:
     for key in ("s_snapshot", "p_op_by_op", "u_upstream"):
         assert positive(result["compare"]["runs"][key]["seconds"]), key
     for key in ("upstream_over_snapshot", "op_by_op_over_snapshot", "join_over_plain_get",
-                "joiner_peak_rss_mb"):
+                "joiner_peak_rss_mb", "cached_join_over_plain_get"):
         assert positive(result["ratios"][key]["value"]), key
     text = rendered("snapshot_join", result)
     assert "upstream/(s)" in text and "join/GET" in text and "peak RSS" in text
+    assert "a second joiner" in text
 
 
 @pytest.mark.slow

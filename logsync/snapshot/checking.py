@@ -183,8 +183,10 @@ def prepare(path: Path, own_id: str, own_key: bytes | None, peer_id: str, now: s
     try:
         conn.execute("PRAGMA journal_mode=DELETE")  # a plain rollback-journal file
         # A temp file nobody else opens, fsynced before it is installed and removed if a
-        # kill interrupts this: no journal on disk and no fsync per commit needed.
-        conn.execute("PRAGMA journal_mode=MEMORY")
+        # kill or a failure interrupts this: no journal (on disk or in memory, where a
+        # copy from a server that kept every signature would hold each chain page it
+        # rewrites) and no fsync per commit needed.
+        conn.execute("PRAGMA journal_mode=OFF")
         conn.execute("PRAGMA synchronous=OFF")
         conn.execute("BEGIN IMMEDIATE")
         for name in set(_tables(conn)) - set(tables):
