@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import sqlite3
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -301,6 +302,39 @@ def test_multi_row_inserts_write_what_executemany_writes(tmp_path, count, variab
     fastpage.run_chunks(conns[1], INSERT_EVENT, rows, fastpage.plan_rows(INSERT_EVENT, rows))
     read = "SELECT rowid, * FROM events ORDER BY rowid"
     assert conns[0].execute(read).fetchall() == conns[1].execute(read).fetchall()
+
+
+def test_insert_rows_writes_what_executemany_writes_links_and_artifacts(tmp_path):
+    """The links and artifacts of a page go in as multi-row statements: the same rows and
+    rowids as executemany, `OR IGNORE` still ignoring a link held twice."""
+    conns = [sqlite3.connect(tmp_path / f"{n}.db") for n in ("plain", "chunked")]
+    links = [(f"ev{i // 2}", f"art{i % 7}") for i in range(700)] + [("ev0", "art0")]
+    for conn in conns:
+        conn.execute("CREATE TABLE event_artifacts (event_id, artifact_id, "
+                     "PRIMARY KEY (event_id, artifact_id))")
+    conns[0].executemany(fastpage.INSERT_LINK, links)
+    fastpage.insert_rows(conns[1], fastpage.INSERT_LINK, links)
+    fastpage.insert_rows(conns[1], fastpage.INSERT_LINK, [])
+    read = "SELECT rowid, * FROM event_artifacts ORDER BY rowid"
+    assert conns[0].execute(read).fetchall() == conns[1].execute(read).fetchall()
+    assert len(conns[1].execute(read).fetchall()) == 700  # the link held twice, once
+
+
+def test_the_switch_interval_is_lowered_while_any_preparation_runs_then_restored():
+    """Overlapping preparations (several origins, several rounds) share one lowering;
+    the interval found before the first comes back after the last, whatever the order."""
+    before = sys.getswitchinterval()
+    first, second = prefetch.lowered_switch_interval(), prefetch.lowered_switch_interval()
+    first.__enter__()
+    assert sys.getswitchinterval() == pytest.approx(prefetch.PREPARING_SWITCH_INTERVAL_S)
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert sys.getswitchinterval() == pytest.approx(prefetch.PREPARING_SWITCH_INTERVAL_S)
+    second.__exit__(None, None, None)
+    assert sys.getswitchinterval() == before
+    with pytest.raises(RuntimeError), prefetch.lowered_switch_interval():
+        raise RuntimeError("a failed preparation restores it too")
+    assert sys.getswitchinterval() == before
 
 
 def test_a_pull_prepares_pages_ahead_and_ends_as_the_reference(author, tmp_path):

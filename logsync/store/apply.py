@@ -224,8 +224,7 @@ class _Applier:
                           "an artifact with this id but different content is already stored",
                           artifact_dict(have), artifact_wire(art))
             state.known_artifacts.add(art_id)
-        if rows:
-            conn.executemany(INSERT_ARTIFACT, rows)
+        fastpage.insert_rows(conn, INSERT_ARTIFACT, rows)
         state.artifacts_applied += len(rows)
 
     def apply_origin(self, origin: str, ops: list[Any]) -> None:

@@ -202,11 +202,17 @@ def held_shas(conn: sqlite3.Connection, ids: list[str]) -> dict[str, str]:
 def write_prepared(conn: sqlite3.Connection, prepared: Prepared) -> None:
     """Insert the page's rows, links and chain entries (after `fresh` said yes)."""
     run_chunks(conn, INSERT_EVENT, prepared.rows, prepared.row_chunks)
-    if prepared.links:
-        conn.executemany(
-            "INSERT OR IGNORE INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)",
-            prepared.links)
+    insert_rows(conn, INSERT_LINK, prepared.links)
     run_chunks(conn, INSERT_CHAIN, prepared.chain, prepared.chain_chunks)
+
+
+INSERT_LINK = "INSERT OR IGNORE INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)"
+
+
+def insert_rows(conn: sqlite3.Connection, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """`executemany(sql, rows)` as a few multi-row statements: executemany steps once per
+    row, and each step takes the GIL back, waiting behind a preparing thread each time."""
+    run_chunks(conn, sql, rows, plan_rows(sql, rows))
 
 
 # Rows per multi-row INSERT, largest first: each size is one cached statement, and any
