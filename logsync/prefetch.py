@@ -11,11 +11,12 @@ answer a plain fetch would give and yields every `ApplyPage` itself; a prepared 
 only ever handed to the store with the very events it was prepared from, and the store
 checks again, inside its transaction, everything the preparation assumed.
 
-While a page is prepared, the thread writing the page before takes the GIL back after
-every SQLite step (dozens a page); at CPython's default switch interval it waits up to
-5 ms each time behind the preparing thread, and the write took 2.7x as long beside a
-busy thread (1.3x at 0.2 ms). So the interval is lowered while any preparation runs
-(`lowered_switch_interval`; CPython has one per process) and restored after the last.
+While a page is prepared (and the next fetched and decoded), the thread writing the page
+before takes the GIL back after every SQLite step (dozens a page); at CPython's default
+switch interval it waits up to 5 ms each time behind the busy thread, and the write took
+2.7x as long beside one (1.3x at 0.2 ms). So while a round prepares pages ahead the
+interval is lowered (`Prefetcher.overlapping`; CPython has one per process) and
+restored after the last such round.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import anyio
@@ -97,6 +98,11 @@ class Prefetcher:
         self._prepare = getattr(store, "prepare_chained", None) if CORES > 1 else None
         self._preparing: dict[int, _Preparing] = {}
 
+    def overlapping(self) -> AbstractContextManager[None]:
+        """Where the round runs: with the switch interval lowered when pages are prepared
+        beside the writes."""
+        return lowered_switch_interval() if self._prepare is not None else nullcontext()
+
     async def take(self, request: Request) -> tuple[Any, int]:
         pending = self._pending.pop(request_key(request), None)
         self._pending.clear()  # any other guess was wrong
@@ -168,10 +174,9 @@ class Prefetcher:
 
     async def _run(self, preparing: _Preparing, page: Any) -> None:
         try:
-            with lowered_switch_interval():
-                preparing.prepared = await anyio.to_thread.run_sync(
-                    self._prepare, page.events, list(page.inline.values()), page.origin,
-                    page.after, page.prev, page.signatures)
+            preparing.prepared = await anyio.to_thread.run_sync(
+                self._prepare, page.events, list(page.inline.values()), page.origin,
+                page.after, page.prev, page.signatures)
         except Exception:  # noqa: BLE001 - only a head start: the apply judges the page
             preparing.prepared = None
         finally:

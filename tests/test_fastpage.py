@@ -340,18 +340,22 @@ def test_the_switch_interval_is_lowered_while_any_preparation_runs_then_restored
 def test_a_pull_prepares_pages_ahead_and_ends_as_the_reference(author, tmp_path):
     """The client prepares each prefetched chain page in a worker thread; the store uses
     it, and the pull ends exactly as one judged op by op."""
-    used = []
+    used, intervals = [], set()
     real = Store.apply_chained
 
     def spy(self, *args, prepared=None, **kw):  # type: ignore[no-untyped-def]
         used.append(prepared is not None)
+        intervals.add(sys.getswitchinterval())
         return real(self, *args, prepared=prepared, **kw)
 
     fast, slow = replica(tmp_path, "fast", author), replica(tmp_path, "slow", author)
     peer = StorePeer(author, profile=LOGSYNC_SERVER)
+    before = sys.getswitchinterval()
     with mock.patch.object(Store, "apply_chained", spy), \
             mock.patch.object(prefetch, "CORES", 2):  # as on a machine with a core to spare
         run_round(fast, peer, page_limit=8)
+    assert [pytest.approx(prefetch.PREPARING_SWITCH_INTERVAL_S)] == list(intervals)  # lowered
+    assert sys.getswitchinterval() == before  # and restored
     with reference_only():
         run_round(slow, peer, page_limit=8)
     assert any(used) and len(used) == 5
