@@ -10,22 +10,14 @@ overlaps the page before's write. The engine still asks for every page, gets exa
 answer a plain fetch would give and yields every `ApplyPage` itself; a prepared page is
 only ever handed to the store with the very events it was prepared from, and the store
 checks again, inside its transaction, everything the preparation assumed.
-
-While a page is prepared (and the next fetched and decoded), the thread writing the page
-before takes the GIL back after every SQLite step (dozens a page); at CPython's default
-switch interval it waits up to 5 ms each time behind the busy thread, and the write took
-2.7x as long beside one (1.3x at 0.2 ms). So while a round prepares pages ahead the
-interval is lowered (`Prefetcher.overlapping`; CPython has one per process) and
-restored after the last such round.
+While a round prepares pages ahead, the interpreter runs with `overlap.bulk_settings`.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import threading
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import anyio
@@ -35,31 +27,12 @@ from anyio.abc import TaskGroup
 from logsync.effects import ApplyPage, StoreLike
 from logsync.errors import PeerError
 from logsync.fetchpolicy import OPS_PATH, prefetch_guess, request_key
+from logsync.overlap import bulk_settings
 from logsync.report import RoundReport
 from logsync.wire import EXT_CHAIN, EXT_INLINE_ARTIFACTS, EXTENSIONS_PARAM, Request, parse_page
 
 Fetch = Callable[[Request], Awaitable[tuple[Any, int]]]
 CORES = os.cpu_count() or 1
-PREPARING_SWITCH_INTERVAL_S = 0.0002
-_interval_lock = threading.Lock()
-_interval_users: list[float] = []  # the interval each running preparation found
-
-
-@contextmanager
-def lowered_switch_interval() -> Iterator[None]:
-    """The interpreter's switch interval at most `PREPARING_SWITCH_INTERVAL_S` inside,
-    the one found by the first of overlapping users restored when the last leaves."""
-    with _interval_lock:
-        found = _interval_users[0] if _interval_users else sys.getswitchinterval()
-        _interval_users.append(found)
-        sys.setswitchinterval(min(found, PREPARING_SWITCH_INTERVAL_S))
-    try:
-        yield
-    finally:
-        with _interval_lock:
-            _interval_users.pop()
-            if not _interval_users:
-                sys.setswitchinterval(found)
 
 
 class _Prefetch:
@@ -99,9 +72,9 @@ class Prefetcher:
         self._preparing: dict[int, _Preparing] = {}
 
     def overlapping(self) -> AbstractContextManager[None]:
-        """Where the round runs: with the switch interval lowered when pages are prepared
-        beside the writes."""
-        return lowered_switch_interval() if self._prepare is not None else nullcontext()
+        """Where the round runs: `overlap.bulk_settings` when pages are prepared beside
+        the writes."""
+        return bulk_settings() if self._prepare is not None else nullcontext()
 
     async def take(self, request: Request) -> tuple[Any, int]:
         pending = self._pending.pop(request_key(request), None)

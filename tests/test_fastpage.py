@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import sqlite3
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from conftest import CountingIds, FakeClock, RemoteKit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logsync import model, prefetch
+from logsync import model, overlap, prefetch
 from logsync.chain import canonical_op
 from logsync.pagechain import carries_signature
 from logsync.responder import LOGSYNC_SERVER
@@ -320,21 +321,24 @@ def test_insert_rows_writes_what_executemany_writes_links_and_artifacts(tmp_path
     assert len(conns[1].execute(read).fetchall()) == 700  # the link held twice, once
 
 
-def test_the_switch_interval_is_lowered_while_any_preparation_runs_then_restored():
-    """Overlapping preparations (several origins, several rounds) share one lowering;
-    the interval found before the first comes back after the last, whatever the order."""
-    before = sys.getswitchinterval()
-    first, second = prefetch.lowered_switch_interval(), prefetch.lowered_switch_interval()
+def test_bulk_settings_hold_while_any_overlapping_round_runs_then_are_restored():
+    """Overlapping rounds (several origins, several peers) share one change of the
+    interpreter's settings; those found before the first come back after the last,
+    whatever the order, also when a round fails."""
+    before = (sys.getswitchinterval(), gc.get_threshold())
+    bulk = (pytest.approx(overlap.SWITCH_INTERVAL_S),
+            (overlap.GC_YOUNG_THRESHOLD, *before[1][1:]))
+    first, second = overlap.bulk_settings(), overlap.bulk_settings()
     first.__enter__()
-    assert sys.getswitchinterval() == pytest.approx(prefetch.PREPARING_SWITCH_INTERVAL_S)
+    assert (sys.getswitchinterval(), gc.get_threshold()) == bulk
     second.__enter__()
     first.__exit__(None, None, None)
-    assert sys.getswitchinterval() == pytest.approx(prefetch.PREPARING_SWITCH_INTERVAL_S)
+    assert (sys.getswitchinterval(), gc.get_threshold()) == bulk
     second.__exit__(None, None, None)
-    assert sys.getswitchinterval() == before
-    with pytest.raises(RuntimeError), prefetch.lowered_switch_interval():
-        raise RuntimeError("a failed preparation restores it too")
-    assert sys.getswitchinterval() == before
+    assert (sys.getswitchinterval(), gc.get_threshold()) == before
+    with pytest.raises(RuntimeError), overlap.bulk_settings():
+        raise RuntimeError("a failed round restores them too")
+    assert (sys.getswitchinterval(), gc.get_threshold()) == before
 
 
 def test_a_pull_prepares_pages_ahead_and_ends_as_the_reference(author, tmp_path):
@@ -345,7 +349,7 @@ def test_a_pull_prepares_pages_ahead_and_ends_as_the_reference(author, tmp_path)
 
     def spy(self, *args, prepared=None, **kw):  # type: ignore[no-untyped-def]
         used.append(prepared is not None)
-        intervals.add(sys.getswitchinterval())
+        intervals.add((sys.getswitchinterval(), gc.get_threshold()[0]))
         return real(self, *args, prepared=prepared, **kw)
 
     fast, slow = replica(tmp_path, "fast", author), replica(tmp_path, "slow", author)
@@ -354,7 +358,8 @@ def test_a_pull_prepares_pages_ahead_and_ends_as_the_reference(author, tmp_path)
     with mock.patch.object(Store, "apply_chained", spy), \
             mock.patch.object(prefetch, "CORES", 2):  # as on a machine with a core to spare
         run_round(fast, peer, page_limit=8)
-    assert [pytest.approx(prefetch.PREPARING_SWITCH_INTERVAL_S)] == list(intervals)  # lowered
+    assert list(intervals) == [(pytest.approx(overlap.SWITCH_INTERVAL_S),
+                                overlap.GC_YOUNG_THRESHOLD)]  # for the round
     assert sys.getswitchinterval() == before  # and restored
     with reference_only():
         run_round(slow, peer, page_limit=8)
