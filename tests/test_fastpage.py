@@ -305,6 +305,26 @@ def test_multi_row_inserts_write_what_executemany_writes(tmp_path, count, variab
     assert conns[0].execute(read).fetchall() == conns[1].execute(read).fetchall()
 
 
+def test_a_fresh_page_validates_each_artifact_once(author, tmp_path):
+    """The fast path validates a page's artifacts once (deciding it is fresh) and stores
+    those: the same rows as the reference, which validates them for its own checks."""
+    page = served(author, 0, 20)
+    assert len(page["artifacts"]) == 4
+    real, calls = model.validate_remote_artifact, []
+
+    def counting(raw):  # type: ignore[no-untyped-def]
+        calls.append(raw["id"])
+        return real(raw)
+
+    fast, slow = replica(tmp_path, "fast", author), replica(tmp_path, "slow", author)
+    with mock.patch.object(model, "validate_remote_artifact", counting):
+        assert apply(fast, page, chained=True).applied == 20
+    assert sorted(calls) == sorted(a["id"] for a in page["artifacts"])
+    with reference_only():
+        apply(slow, page, chained=True)
+    assert dump(fast) == dump(slow)
+
+
 def test_insert_rows_writes_what_executemany_writes_links_and_artifacts(tmp_path):
     """The links and artifacts of a page go in as multi-row statements: the same rows and
     rowids as executemany, `OR IGNORE` still ignoring a link held twice."""

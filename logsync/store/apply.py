@@ -147,10 +147,11 @@ def apply_prepared(
 ) -> ApplyResult | None:
     """A page `fastpage.prepare_page` prepared, if `fastpage.fresh` holds for it (else
     None, nothing written): its artifacts as `apply_artifacts` takes them, then its ops."""
-    if not fastpage.fresh(conn, prepared, tip, top, artifacts):
+    validated = fastpage.fresh(conn, prepared, tip, top, artifacts)
+    if validated is None:
         return None
     state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
-    _Applier(conn, replica_id, state).apply_artifacts(artifacts)
+    _Applier(conn, replica_id, state).apply_artifacts(artifacts, validated)
     fastpage.write_prepared(conn, prepared)
     record_ledgers(conn, state)
     n, origin = len(prepared.rows), prepared.origin
@@ -199,10 +200,13 @@ class _Applier:
         self.replica_id = replica_id
         self.state = state
 
-    def apply_artifacts(self, artifacts: Sequence[Any]) -> None:
+    def apply_artifacts(self, artifacts: Sequence[Any],
+                        validated: dict[str, dict[str, Any]] | None = None) -> None:
+        """`validated`: these very artifacts already validated, by id, all valid and each
+        id once (`fastpage.carried_artifacts`), so none is validated twice."""
         conn, state = self.conn, self.state
-        valid: dict[str, dict[str, Any]] = {}
-        for raw in artifacts:
+        valid: dict[str, dict[str, Any]] = {} if validated is None else validated
+        for raw in artifacts if validated is None else ():
             try:
                 art = model.validate_remote_artifact(raw)
             except ValidationError as exc:
