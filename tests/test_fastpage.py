@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from logsync import model, overlap, prefetch
 from logsync.chain import canonical_op
 from logsync.pagechain import carries_signature
-from logsync.responder import LOGSYNC_SERVER
+from logsync.responder import LOGSYNC_SERVER, UPSTREAM_HUB
 from logsync.store import Store, chainreads, fastpage
 from logsync.store import apply as apply_mod
 from logsync.store.chaining import ROW_COLUMNS, canonical
@@ -361,15 +361,35 @@ def test_bulk_settings_hold_while_any_overlapping_round_runs_then_are_restored()
     assert (sys.getswitchinterval(), gc.get_threshold()) == before
 
 
+@pytest.mark.parametrize(("profile", "entered"), [(LOGSYNC_SERVER, 1), (UPSTREAM_HUB, 0)])
+def test_bulk_settings_are_taken_once_per_round_only_when_pages_are_prepared(
+        author, tmp_path, profile, entered):
+    """A round preparing pages ahead takes the settings once; a pull from a peer without
+    chains (a MemPalace hub) prepares none and leaves the interpreter alone."""
+    calls = []
+
+    @contextlib.contextmanager
+    def spy():  # type: ignore[no-untyped-def]
+        calls.append("enter")
+        with overlap.bulk_settings():
+            yield
+
+    with mock.patch.object(prefetch, "bulk_settings", spy), \
+            mock.patch.object(prefetch, "CORES", 2):
+        run_round(replica(tmp_path, "r", author), StorePeer(author, profile=profile),
+                  page_limit=8)
+    assert len(calls) == entered
+
+
 def test_a_pull_prepares_pages_ahead_and_ends_as_the_reference(author, tmp_path):
     """The client prepares each prefetched chain page in a worker thread; the store uses
     it, and the pull ends exactly as one judged op by op."""
-    used, intervals = [], set()
+    used, seen = [], []
     real = Store.apply_chained
 
     def spy(self, *args, prepared=None, **kw):  # type: ignore[no-untyped-def]
         used.append(prepared is not None)
-        intervals.add((sys.getswitchinterval(), gc.get_threshold()[0]))
+        seen.append((sys.getswitchinterval(), gc.get_threshold()[0]))
         return real(self, *args, prepared=prepared, **kw)
 
     fast, slow = replica(tmp_path, "fast", author), replica(tmp_path, "slow", author)
@@ -378,8 +398,8 @@ def test_a_pull_prepares_pages_ahead_and_ends_as_the_reference(author, tmp_path)
     with mock.patch.object(Store, "apply_chained", spy), \
             mock.patch.object(prefetch, "CORES", 2):  # as on a machine with a core to spare
         run_round(fast, peer, page_limit=8)
-    assert list(intervals) == [(pytest.approx(overlap.SWITCH_INTERVAL_S),
-                                overlap.GC_YOUNG_THRESHOLD)]  # for the round
+    # from the first page prepared ahead (the second) to the end of the round
+    assert (pytest.approx(overlap.SWITCH_INTERVAL_S), overlap.GC_YOUNG_THRESHOLD) == seen[-1]
     assert sys.getswitchinterval() == before  # and restored
     with reference_only():
         run_round(slow, peer, page_limit=8)
