@@ -8,7 +8,7 @@ the values found before the first are restored when the last ends.
   busy thread; beside one, a pull's writes took 2.7x as long (1.3x at 0.2 ms).
 - First-generation GC threshold at least 100 000 (default 700): a pull allocates some
   200 000 containers per 20 000 ops that live a page's time (the decoded page, its rows);
-  at 700 they were traversed over a hundred times and fully once, 0.1-0.2 s of a 1 s
+  at 700 they were traversed over a hundred times and fully once, 0.1-0.3 s of a 1 s
   pull under the GIL. Cycles are still collected, only in larger batches.
 """
 

@@ -1,6 +1,7 @@
 """Whole encoded `/sync/ops` answers, kept (issue 12, item 2): a replica far behind pulls
 pages of megabytes, and building one (reading thousands of rows into dicts, sizing each
-op's JSON for the byte budget, reading its artifacts) cost more than its apply.
+op's JSON for the byte budget, reading its artifacts) cost about as much as its apply,
+on a second core a puller's own threads need.
 
 An answer is a pure function of what the responder read (`responder.answer` does no
 other I/O): the ops by `(origin_seq, seq)`, which of the artifacts they name are held,

@@ -200,10 +200,8 @@ class _Applier:
         self.replica_id = replica_id
         self.state = state
 
-    def apply_artifacts(self, artifacts: Sequence[Any],
-                        validated: dict[str, dict[str, Any]] | None = None) -> None:
-        """`validated`: these very artifacts already validated, by id, all valid and each
-        id once (`fastpage.carried_artifacts`), so none is validated twice."""
+    def apply_artifacts(self, artifacts: Sequence[Any], validated: dict | None = None) -> None:
+        """`validated`: these artifacts already validated (`fastpage.carried_artifacts`)."""
         conn, state = self.conn, self.state
         valid: dict[str, dict[str, Any]] = {} if validated is None else validated
         for raw in artifacts if validated is None else ():
