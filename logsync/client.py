@@ -171,7 +171,8 @@ class PeerClient:
         async with anyio.create_task_group() as prefetches:
             try:
                 ahead = Prefetcher(self.fetch, self.name, prefetches, report, store)
-                outcome = await self._drive(gen, store, report, ahead)
+                with ahead.overlapping():
+                    outcome = await self._drive(gen, store, report, ahead)
             except LogsyncError as exc:  # returned, so the task group does not wrap it
                 outcome = exc
             finally:
@@ -234,8 +235,9 @@ class PeerClient:
                                   batch_artifacts=True, held=local.get(origin, 0))
             async with limiter, anyio.create_task_group() as prefetches:
                 try:
-                    await self._drive(gen, store, report,
-                                      Prefetcher(self.fetch, self.name, prefetches, report, store))
+                    ahead = Prefetcher(self.fetch, self.name, prefetches, report, store)
+                    with ahead.overlapping():
+                        await self._drive(gen, store, report, ahead)
                 except LogsyncError as exc:  # a store failure too: kept, never wrapped
                     failures.append(exc)
                     group.cancel_scope.cancel()

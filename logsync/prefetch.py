@@ -10,12 +10,15 @@ overlaps the page before's write. The engine still asks for every page, gets exa
 answer a plain fetch would give and yields every `ApplyPage` itself; a prepared page is
 only ever handed to the store with the very events it was prepared from, and the store
 checks again, inside its transaction, everything the preparation assumed.
+From the first page it prepares ahead to the end of its round, the interpreter runs with
+`overlap.bulk_settings` (a pull from a peer without chains prepares none and changes none).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import anyio
@@ -25,6 +28,7 @@ from anyio.abc import TaskGroup
 from logsync.effects import ApplyPage, StoreLike
 from logsync.errors import PeerError
 from logsync.fetchpolicy import OPS_PATH, prefetch_guess, request_key
+from logsync.overlap import bulk_settings
 from logsync.report import RoundReport
 from logsync.wire import EXT_CHAIN, EXT_INLINE_ARTIFACTS, EXTENSIONS_PARAM, Request, parse_page
 
@@ -67,6 +71,19 @@ class Prefetcher:
         # One core: nothing to overlap with, only the handing over of the GIL to pay.
         self._prepare = getattr(store, "prepare_chained", None) if CORES > 1 else None
         self._preparing: dict[int, _Preparing] = {}
+        self._settings: ExitStack | None = None  # the round's, while `overlapping`
+        self._bulk = False  # `bulk_settings` entered on it
+
+    @contextmanager
+    def overlapping(self) -> Iterator[None]:
+        """The extent of the round: `overlap.bulk_settings` hold from the first page
+        prepared ahead (`_prepare_soon`) to its end."""
+        with ExitStack() as settings:
+            self._settings = settings
+            try:
+                yield
+            finally:
+                self._settings = None
 
     async def take(self, request: Request) -> tuple[Any, int]:
         pending = self._pending.pop(request_key(request), None)
@@ -133,6 +150,9 @@ class Prefetcher:
             return
         if not page.events or page.prev is None:
             return
+        if self._settings is not None and not self._bulk:
+            self._settings.enter_context(bulk_settings())
+            self._bulk = True
         preparing = self._preparing[id(page.events)] = _Preparing(page.origin, page.after,
                                                                  page.events)
         self._group.start_soon(self._run, preparing, page)

@@ -62,10 +62,12 @@ def test_bootstrap_pulls_every_way_and_reports_ratios() -> None:
     assert runs["b_inproc"]["requests"] > runs["a_inproc"]["requests"]
     ratios = result["ratios"]
     for value in (ratios["upstream_over_a"]["wall"], ratios["upstream_over_a"]["net"],
-                  ratios["a_over_raw"]["inproc"], ratios["upstream_over_b"]["wall"]):
+                  ratios["a_over_raw"]["inproc"], ratios["a_over_raw"]["first_round"],
+                  ratios["upstream_over_b"]["wall"]):
         assert positive(value)
     text = rendered("bootstrap", result)
     assert "upstream/(a)" in text and "(a)/raw" in text and "upstream/(b)" in text
+    assert "in round 1" in text
     assert "mempalace logstream sync" in text and "fsync" in text
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import sqlite3
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +23,10 @@ from conftest import CountingIds, FakeClock, RemoteKit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logsync import model, prefetch
+from logsync import model, overlap, prefetch
 from logsync.chain import canonical_op
 from logsync.pagechain import carries_signature
-from logsync.responder import LOGSYNC_SERVER
+from logsync.responder import LOGSYNC_SERVER, UPSTREAM_HUB
 from logsync.store import Store, chainreads, fastpage
 from logsync.store import apply as apply_mod
 from logsync.store.chaining import ROW_COLUMNS, canonical
@@ -303,21 +305,102 @@ def test_multi_row_inserts_write_what_executemany_writes(tmp_path, count, variab
     assert conns[0].execute(read).fetchall() == conns[1].execute(read).fetchall()
 
 
+def test_a_fresh_page_validates_each_artifact_once(author, tmp_path):
+    """The fast path validates a page's artifacts once (deciding it is fresh) and stores
+    those: the same rows as the reference, which validates them for its own checks."""
+    page = served(author, 0, 20)
+    assert len(page["artifacts"]) == 4
+    real, calls = model.validate_remote_artifact, []
+
+    def counting(raw):  # type: ignore[no-untyped-def]
+        calls.append(raw["id"])
+        return real(raw)
+
+    fast, slow = replica(tmp_path, "fast", author), replica(tmp_path, "slow", author)
+    with mock.patch.object(model, "validate_remote_artifact", counting):
+        assert apply(fast, page, chained=True).applied == 20
+    assert sorted(calls) == sorted(a["id"] for a in page["artifacts"])
+    with reference_only():
+        apply(slow, page, chained=True)
+    assert dump(fast) == dump(slow)
+
+
+def test_insert_rows_writes_what_executemany_writes_links_and_artifacts(tmp_path):
+    """The links and artifacts of a page go in as multi-row statements: the same rows and
+    rowids as executemany, `OR IGNORE` still ignoring a link held twice."""
+    conns = [sqlite3.connect(tmp_path / f"{n}.db") for n in ("plain", "chunked")]
+    links = [(f"ev{i // 2}", f"art{i % 7}") for i in range(700)] + [("ev0", "art0")]
+    for conn in conns:
+        conn.execute("CREATE TABLE event_artifacts (event_id, artifact_id, "
+                     "PRIMARY KEY (event_id, artifact_id))")
+    conns[0].executemany(fastpage.INSERT_LINK, links)
+    fastpage.insert_rows(conns[1], fastpage.INSERT_LINK, links)
+    fastpage.insert_rows(conns[1], fastpage.INSERT_LINK, [])
+    read = "SELECT rowid, * FROM event_artifacts ORDER BY rowid"
+    assert conns[0].execute(read).fetchall() == conns[1].execute(read).fetchall()
+    assert len(conns[1].execute(read).fetchall()) == 700  # the link held twice, once
+
+
+def test_bulk_settings_hold_while_any_overlapping_round_runs_then_are_restored():
+    """Overlapping rounds (several origins, several peers) share one change of the
+    interpreter's settings; those found before the first come back after the last,
+    whatever the order, also when a round fails."""
+    before = (sys.getswitchinterval(), gc.get_threshold())
+    bulk = (pytest.approx(overlap.SWITCH_INTERVAL_S),
+            (overlap.GC_YOUNG_THRESHOLD, *before[1][1:]))
+    first, second = overlap.bulk_settings(), overlap.bulk_settings()
+    first.__enter__()
+    assert (sys.getswitchinterval(), gc.get_threshold()) == bulk
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert (sys.getswitchinterval(), gc.get_threshold()) == bulk
+    second.__exit__(None, None, None)
+    assert (sys.getswitchinterval(), gc.get_threshold()) == before
+    with pytest.raises(RuntimeError), overlap.bulk_settings():
+        raise RuntimeError("a failed round restores them too")
+    assert (sys.getswitchinterval(), gc.get_threshold()) == before
+
+
+@pytest.mark.parametrize(("profile", "entered"), [(LOGSYNC_SERVER, 1), (UPSTREAM_HUB, 0)])
+def test_bulk_settings_are_taken_once_per_round_only_when_pages_are_prepared(
+        author, tmp_path, profile, entered):
+    """A round preparing pages ahead takes the settings once; a pull from a peer without
+    chains (a MemPalace hub) prepares none and leaves the interpreter alone."""
+    calls = []
+
+    @contextlib.contextmanager
+    def spy():  # type: ignore[no-untyped-def]
+        calls.append("enter")
+        with overlap.bulk_settings():
+            yield
+
+    with mock.patch.object(prefetch, "bulk_settings", spy), \
+            mock.patch.object(prefetch, "CORES", 2):
+        run_round(replica(tmp_path, "r", author), StorePeer(author, profile=profile),
+                  page_limit=8)
+    assert len(calls) == entered
+
+
 def test_a_pull_prepares_pages_ahead_and_ends_as_the_reference(author, tmp_path):
     """The client prepares each prefetched chain page in a worker thread; the store uses
     it, and the pull ends exactly as one judged op by op."""
-    used = []
+    used, seen = [], []
     real = Store.apply_chained
 
     def spy(self, *args, prepared=None, **kw):  # type: ignore[no-untyped-def]
         used.append(prepared is not None)
+        seen.append((sys.getswitchinterval(), gc.get_threshold()[0]))
         return real(self, *args, prepared=prepared, **kw)
 
     fast, slow = replica(tmp_path, "fast", author), replica(tmp_path, "slow", author)
     peer = StorePeer(author, profile=LOGSYNC_SERVER)
+    before = sys.getswitchinterval()
     with mock.patch.object(Store, "apply_chained", spy), \
             mock.patch.object(prefetch, "CORES", 2):  # as on a machine with a core to spare
         run_round(fast, peer, page_limit=8)
+    # from the first page prepared ahead (the second) to the end of the round
+    assert (pytest.approx(overlap.SWITCH_INTERVAL_S), overlap.GC_YOUNG_THRESHOLD) == seen[-1]
+    assert sys.getswitchinterval() == before  # and restored
     with reference_only():
         run_round(slow, peer, page_limit=8)
     assert any(used) and len(used) == 5

@@ -540,3 +540,27 @@ def test_a_server_never_advertises_a_budget_a_puller_cannot_take(store: Store) -
     for wrong in (MAX_PAGE_BYTES_CEILING + 1, 1023, 1):
         with pytest.raises(Refused, match=f"max_page_bytes={wrong} must be from 1024 "):
             create_app(store, max_page_bytes=wrong)
+
+
+_texts = st.text(max_size=20)  # any code point, lone surrogates included
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | _texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_texts, inner, max_size=3),
+    max_leaves=10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_json_values)
+def test_json_bytes_is_json_dumps_with_ensure_ascii_off(value: Any) -> None:
+    """The shared encoder writes exactly what `json.dumps(value, ensure_ascii=False)` does
+    (upstream's bytes), and fails where it fails."""
+    import json
+
+    def outcome(encode: Any) -> tuple[str, Any]:
+        try:
+            return "ok", encode()
+        except (ValueError, TypeError) as exc:  # UnicodeEncodeError is a ValueError
+            return "error", type(exc)
+
+    assert outcome(lambda: json_bytes(value)) == \
+        outcome(lambda: json.dumps(value, ensure_ascii=False).encode("utf-8"))

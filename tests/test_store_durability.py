@@ -41,3 +41,13 @@ def test_appends_commit_full_and_pages_normal_in_any_order(tmp_path: Path) -> No
         assert len(begins) == 4
         last_full = max(i for i, s in enumerate(seen) if s == "PRAGMA synchronous=FULL")
         assert last_full < begins[-1] and last_full > begins[-2]
+
+
+def test_the_writer_keeps_a_page_sized_cache_and_readers_the_default(tmp_path: Path) -> None:
+    """A pulled page (one ~10 MB transaction) fits the writer's page cache, so SQLite does
+    not spill it to the WAL mid-way; read connections keep SQLite's default."""
+    from logsync.store.core import WRITER_CACHE_KIB
+
+    with Store.open(tmp_path / "a") as store:
+        assert store._writer.execute("PRAGMA cache_size").fetchone()[0] == -WRITER_CACHE_KIB
+        assert store._reader().execute("PRAGMA cache_size").fetchone()[0] == -2000

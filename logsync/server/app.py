@@ -30,6 +30,7 @@ from logsync.server.common import (
     is_loopback_host,
 )
 from logsync.server.opcache import DEFAULT_OP_CACHE_BYTES
+from logsync.server.pagecache import DEFAULT_PAGE_CACHE_BYTES
 from logsync.server.peermetrics import PeerCollector
 from logsync.server.policy import (
     _allowed_host_values,
@@ -81,6 +82,7 @@ def create_app(
     max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
     snapshot_ahead: bool = True,
     op_cache_bytes: int = DEFAULT_OP_CACHE_BYTES,
+    page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES,
 ) -> Starlette:
     """Build the ASGI app over a ``Store``, or over ``store_factory``, a zero-argument
     callable that opens one on first use (the app then closes it).
@@ -101,7 +103,7 @@ def create_app(
     of event JSON (always at least one event); upstream requests are unchanged.
     ``snapshot_ahead`` makes the snapshot copy as the server starts (`snapshotroute.warm`).
     ``op_cache_bytes`` bounds the encoded ops kept for ``/sync/ops`` answers (0: none;
-    `opcache.py`).
+    `opcache.py`), ``page_cache_bytes`` the whole answers kept (0: none; `pagecache.py`).
     """
     _check_settings(sse_max_clients, sse_heartbeat_s, sse_poll_s, max_page, max_body_bytes)
     if not body_timeout_s > 0:
@@ -138,6 +140,7 @@ def create_app(
         body_timeout_s=float(body_timeout_s),
         max_page_bytes=max_page_bytes,
         op_cache_bytes=max(0, op_cache_bytes),
+        page_cache_bytes=max(0, page_cache_bytes),
     )
     server = _Server(store, store_factory, settings, notifier)
     server.registry.register(PeerCollector(peer_state_provider))

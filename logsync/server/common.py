@@ -22,6 +22,7 @@ from logsync.errorcodes import error_body
 from logsync.pushed import MAX_PUSH_BYTES
 from logsync.responder import DEFAULT_MAX_PAGE_BYTES, EXTENSIONS, Profile, json_bytes
 from logsync.server.opcache import DEFAULT_OP_CACHE_BYTES, OpCache
+from logsync.server.pagecache import DEFAULT_PAGE_CACHE_BYTES, PageCache
 from logsync.server.stream import (
     ChangeNotifier,
     _LatestProbe,
@@ -150,6 +151,8 @@ class Settings:
     body_timeout_s: float = 10.0
     # Encoded ops kept for `/sync/ops` answers (`opcache.py`); 0 keeps none.
     op_cache_bytes: int = DEFAULT_OP_CACHE_BYTES
+    # Whole encoded `/sync/ops` answers (`pagecache.py`); 0 keeps none.
+    page_cache_bytes: int = DEFAULT_PAGE_CACHE_BYTES
 
 
 class ServedStore(Protocol):
@@ -209,6 +212,7 @@ class _Server:
         self.exit_probe: Callable[[], bool] | None = None
         self._unencodable: set[str] = set()
         self.op_cache = OpCache(settings.op_cache_bytes)
+        self.page_cache = PageCache(settings.page_cache_bytes)
         self.snapshots: Any = None  # `snapshotroute._State`, made on the first request
         self._crashed_routes: set[str] = set()
         self.started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -245,6 +249,7 @@ class _Server:
         if self.snapshots is not None:
             self.snapshots.close()  # the cached copy goes at shutdown
         self.op_cache.clear()
+        self.page_cache.clear()
         with self._store_lock:
             if self.owns_store and self._store is not None:
                 self._store.close()

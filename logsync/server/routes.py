@@ -29,6 +29,7 @@ from logsync.server.common import (
     _wants_msgpack,
 )
 from logsync.server.opcache import JSON, MSGPACK, page_reads
+from logsync.server.pagecache import ReadLog, page_key
 from logsync.server.pushroute import sync_push
 from logsync.server.snapshotroute import sync_snapshot
 from logsync.server.stream import (
@@ -168,27 +169,27 @@ async def sync_answer(request: Request, extra: VectorExtra | None = None) -> Res
 
 
 async def sync_ops(request: Request) -> Response:
-    """`/sync/ops`: the responder's page, encoded in the worker thread through the server's
+    """`/sync/ops`: the answer kept in the server's `PageCache` while its reads replay the
+    same, else the responder's page, encoded in the worker thread through the server's
     `OpCache` (the same bytes as `_answer`, ops joined from their held encodings)."""
     srv = _server(request)
     path, params = request.url.path, _params(request)
     encoding = MSGPACK if _wants_msgpack(request) else JSON
     asked = responder.extensions_asked(params, srv.profile)
+    key = page_key(encoding, params)
 
     def build(store: Any) -> tuple[int, dict, bytes | None, str | ValueError]:
-        reads = page_reads(store, srv.op_cache, encoding, asked)
+        kept = srv.page_cache.answer(store, key)
+        if kept is not None:
+            return 200, {}, kept.data, kept.encoding
+        reads = ReadLog(page_reads(store, srv.op_cache, encoding, asked))
         status, body = responder.answer(reads, path, params, profile=srv.profile)
         if status != 200:
             return status, body, None, encoding
-        if encoding == MSGPACK:
-            try:
-                return status, body, srv.op_cache.encode(body, MSGPACK), MSGPACK
-            except (OverflowError, TypeError, ValueError):
-                logger.info("answer not msgpack-encodable (integer out of range); sent JSON")
-        try:
-            return status, body, srv.op_cache.encode(body, JSON), JSON
-        except ValueError as exc:
-            return status, body, None, exc
+        data, how = _encode_page(srv, body, encoding)
+        if data is not None:
+            srv.page_cache.put(store, key, reads, data, how)  # type: ignore[arg-type]
+        return status, body, data, how
 
     status, body, data, how = await srv.run(build)
     if status != 200:
@@ -196,6 +197,21 @@ async def sync_ops(request: Request) -> Response:
     if isinstance(how, ValueError):
         return _unencodable(srv, path, params, body, how)
     return Response(data, media_type=MSGPACK_TYPE if how == MSGPACK else JSON_TYPE)
+
+
+def _encode_page(srv: _Server, body: dict, encoding: str) -> tuple[bytes | None,
+                                                                  str | ValueError]:
+    """The page's bytes and their encoding (msgpack if asked and possible, else JSON), or
+    None and why it cannot be encoded."""
+    if encoding == MSGPACK:
+        try:
+            return srv.op_cache.encode(body, MSGPACK), MSGPACK
+        except (OverflowError, TypeError, ValueError):
+            logger.info("answer not msgpack-encodable (integer out of range); sent JSON")
+    try:
+        return srv.op_cache.encode(body, JSON), JSON
+    except ValueError as exc:
+        return None, exc
 
 
 def _params(request: Request) -> dict[str, str]:

@@ -147,10 +147,11 @@ def apply_prepared(
 ) -> ApplyResult | None:
     """A page `fastpage.prepare_page` prepared, if `fastpage.fresh` holds for it (else
     None, nothing written): its artifacts as `apply_artifacts` takes them, then its ops."""
-    if not fastpage.fresh(conn, prepared, tip, top, artifacts):
+    validated = fastpage.fresh(conn, prepared, tip, top, artifacts)
+    if validated is None:
         return None
     state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
-    _Applier(conn, replica_id, state).apply_artifacts(artifacts)
+    _Applier(conn, replica_id, state).apply_artifacts(artifacts, validated)
     fastpage.write_prepared(conn, prepared)
     record_ledgers(conn, state)
     n, origin = len(prepared.rows), prepared.origin
@@ -199,10 +200,11 @@ class _Applier:
         self.replica_id = replica_id
         self.state = state
 
-    def apply_artifacts(self, artifacts: Sequence[Any]) -> None:
+    def apply_artifacts(self, artifacts: Sequence[Any], validated: dict | None = None) -> None:
+        """`validated`: these artifacts already validated (`fastpage.carried_artifacts`)."""
         conn, state = self.conn, self.state
-        valid: dict[str, dict[str, Any]] = {}
-        for raw in artifacts:
+        valid: dict[str, dict[str, Any]] = {} if validated is None else validated
+        for raw in artifacts if validated is None else ():
             try:
                 art = model.validate_remote_artifact(raw)
             except ValidationError as exc:
@@ -224,8 +226,7 @@ class _Applier:
                           "an artifact with this id but different content is already stored",
                           artifact_dict(have), artifact_wire(art))
             state.known_artifacts.add(art_id)
-        if rows:
-            conn.executemany(INSERT_ARTIFACT, rows)
+        fastpage.insert_rows(conn, INSERT_ARTIFACT, rows)
         state.artifacts_applied += len(rows)
 
     def apply_origin(self, origin: str, ops: list[Any]) -> None:

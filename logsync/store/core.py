@@ -67,6 +67,10 @@ from logsync.store.writes import LocalWrites
 
 DB_FILENAME = "logstream.sqlite3"
 MIN_FREE_BYTES = 64 * 1024  # below this a disk counts as full for health_problem()
+# The writer's page cache, KiB (SQLite's default is 2 MiB): a pulled page is one
+# transaction of ~10 MB, and at 2 MiB SQLite spilled its dirty pages to the WAL mid-way
+# and wrote some again (a page's write: 0.19 s of system time per 20 000 ops, 0.13 here).
+WRITER_CACHE_KIB = 16 * 1024
 
 
 IdFactory = Callable[[str], str]
@@ -115,6 +119,8 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         )
         try:
             self._writer = self._connect()
+            if not read_only:
+                self._writer.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
             if read_only:
                 problem = schema_problem(self._writer)
                 if problem is not None:

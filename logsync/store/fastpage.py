@@ -119,8 +119,8 @@ def prepare_page(
                     plan_rows(INSERT_EVENT, rows), plan_rows(INSERT_CHAIN, chain))
 
 
-def carried_shas(artifacts: Sequence[Any]) -> dict[str, str] | None:
-    """The sha256 of each artifact of the page when every one is valid and each id comes
+def carried_artifacts(artifacts: Sequence[Any]) -> dict[str, dict[str, Any]] | None:
+    """The page's artifacts validated, by id, when every one is valid and each id comes
     once (then `apply_artifacts` stores or matches exactly these and quarantines none),
     else None."""
     out = {}
@@ -129,36 +129,38 @@ def carried_shas(artifacts: Sequence[Any]) -> dict[str, str] | None:
             art = model.validate_remote_artifact(raw)
         except ValidationError:
             return None
-        out[art["id"]] = art["sha256"]
+        out[art["id"]] = art
     return out if len(out) == len(artifacts) else None
 
 
 def fresh(conn: sqlite3.Connection, prepared: Prepared, tip: tuple[int, bytes] | None,
-          top: int, artifacts: Sequence[Any]) -> bool:
-    """Whether every op of `prepared` is one the checks insert, given the origin's chain
-    `tip` and held `top` read in this transaction: nothing held above `after`, our chain
-    at `after` is the page's `prev`, no id held, the page's artifacts all valid, and each
-    named artifact held with the sha prepared, or brought by the page with it."""
+          top: int, artifacts: Sequence[Any]) -> dict[str, dict[str, Any]] | None:
+    """The page's artifacts validated (`carried_artifacts`, so they are validated once)
+    when every op of `prepared` is one the checks insert, given the origin's chain `tip`
+    and held `top` read in this transaction: nothing held above `after`, our chain at
+    `after` is the page's `prev`, no id held, the page's artifacts all valid, and each
+    named artifact held with the sha prepared, or brought by the page with it; else None."""
     after, origin = prepared.after, prepared.origin
     if tip is None:  # nothing chained: only a page from the start, from d_0
         if top != 0 or after != 0 or prepared.prev != chain_start(origin):
-            return False
+            return None
     elif top != after or tip != (after, prepared.prev):
-        return False
-    carried = carried_shas(artifacts)
+        return None
+    carried = carried_artifacts(artifacts)
     if carried is None:
-        return False
+        return None
     held = held_shas(conn, list(prepared.shas))
     for art, sha in prepared.shas.items():
-        if held.get(art, carried.get(art)) != sha:
-            return False
+        brought = carried.get(art)
+        if held.get(art, brought["sha256"] if brought is not None else None) != sha:
+            return None
     ids = [row[0] for row in prepared.rows]
     for chunk in chunks(ids, 500):
         marks = ",".join("?" * len(chunk))
         if conn.execute(f"SELECT 1 FROM events WHERE id IN ({marks}) LIMIT 1",
                         chunk).fetchone():
-            return False
-    return True
+            return None
+    return carried
 
 
 def origin_state(conn: sqlite3.Connection, origin: str) -> tuple[int, tuple[int, bytes] | None]:
@@ -202,11 +204,17 @@ def held_shas(conn: sqlite3.Connection, ids: list[str]) -> dict[str, str]:
 def write_prepared(conn: sqlite3.Connection, prepared: Prepared) -> None:
     """Insert the page's rows, links and chain entries (after `fresh` said yes)."""
     run_chunks(conn, INSERT_EVENT, prepared.rows, prepared.row_chunks)
-    if prepared.links:
-        conn.executemany(
-            "INSERT OR IGNORE INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)",
-            prepared.links)
+    insert_rows(conn, INSERT_LINK, prepared.links)
     run_chunks(conn, INSERT_CHAIN, prepared.chain, prepared.chain_chunks)
+
+
+INSERT_LINK = "INSERT OR IGNORE INTO event_artifacts (event_id, artifact_id) VALUES (?, ?)"
+
+
+def insert_rows(conn: sqlite3.Connection, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
+    """`executemany(sql, rows)` as a few multi-row statements: executemany steps once per
+    row, and each step takes the GIL back, waiting behind a preparing thread each time."""
+    run_chunks(conn, sql, rows, plan_rows(sql, rows))
 
 
 # Rows per multi-row INSERT, largest first: each size is one cached statement, and any

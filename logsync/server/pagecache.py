@@ -1,0 +1,199 @@
+"""Whole encoded `/sync/ops` answers, kept (issue 12, item 2): a replica far behind pulls
+pages of megabytes, and building one (reading thousands of rows into dicts, sizing each
+op's JSON for the byte budget, reading its artifacts) cost about as much as its apply,
+on a second core a puller's own threads need.
+
+An answer is a pure function of what the responder read (`responder.answer` does no
+other I/O): the ops by `(origin_seq, seq)`, which of the artifacts they name are held,
+our chain at `after` and the signatures at the page's seqs. A stored op and a stored
+artifact never change under their key (`opcache.py` relies on the same). So an entry
+keeps the answer's bytes with a log of those reads and their results, and is served only
+when every read, replayed cheaply (keys from the index, held artifact ids, digests,
+signatures), gives the same result again: an op stored into a gap, an artifact or a
+signature arrived since, a longer origin under a page that was short, all make the
+replay differ and the page is built afresh. Any other read (one the responder may come
+to make) leaves the answer uncached; so does a page joined from `OpCache` by key alone
+(upstream's plain page, already cheap).
+
+Bounds: `max_bytes` of answers (LRU; one larger than a quarter of it is never kept); a
+puller asking many distinct pages only makes the cache evict. A cache meeting another
+store object than the last forgets everything.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_PAGE_CACHE_BYTES = 64 * 1024 * 1024
+ENTRY_OVERHEAD = 1024  # the key, the read log and their objects, roughly
+
+REPLAYED = ("op_keys", "missing_artifacts", "chain_digests_at", "chain_signatures")
+Read = tuple[str, tuple[Any, ...], Any]  # (replay method, its arguments, the result)
+Key = tuple[str, tuple[tuple[str, str], ...]]  # (encoding asked, the query)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One answer: its bytes, the encoding they are in, and the reads it was built from."""
+
+    data: bytes
+    encoding: str
+    reads: tuple[Read, ...]
+
+
+class ReadLog:
+    """The store as the responder reads it, each read logged with what replays it; any
+    read not known here marks the answer `replayable` False."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.reads: list[Read] = []
+        self.replayable = True
+
+    def list_ops(self, origin: str, after: int = 0, limit: int = 500, *,
+                 max_limit: int = 500) -> list[Any]:
+        ops = self._store.list_ops(origin, after, limit, max_limit=max_limit)
+        keys = op_keys_of(ops)
+        if keys is None:
+            self.replayable = False
+        else:
+            self.reads.append(("op_keys", (origin, after, limit, max_limit), keys))
+        return ops
+
+    def get_artifacts(self, ids: Iterable[str]) -> list[dict[str, Any]]:
+        wanted = sorted(set(ids))
+        found = self._store.get_artifacts(wanted)
+        held = {artifact["id"] for artifact in found}
+        self.reads.append(("missing_artifacts", (wanted,), [i for i in wanted if i not in held]))
+        return found
+
+    def chain_digests_at(self, origin: str, seqs: Sequence[int]) -> list[bytes | None]:
+        seqs = list(seqs)
+        found = list(self._store.chain_digests_at(origin, seqs))
+        self.reads.append(("chain_digests_at", (origin, seqs), found))
+        return found
+
+    def chain_signatures(self, origin: str, seqs: Sequence[int]) -> dict[int, bytes]:
+        seqs = list(seqs)
+        found = dict(self._store.chain_signatures(origin, seqs))
+        self.reads.append(("chain_signatures", (origin, seqs), found))
+        return found
+
+    def __getattr__(self, name: str) -> Any:
+        self.replayable = False
+        return getattr(self._store, name)
+
+
+def op_keys_of(ops: Sequence[Any]) -> list[tuple[int, int]] | None:
+    """`(origin_seq, seq)` of ops read as dicts, as `Store.op_keys` reads them; None when
+    an op is not such a dict (a `HeldOp`, a fake store's shape)."""
+    keys = []
+    for op in ops:
+        if type(op) is not dict:
+            return None
+        origin_seq, seq = op.get("origin_seq"), op.get("seq")
+        if type(origin_seq) is not int or type(seq) is not int:
+            return None
+        keys.append((origin_seq, seq))
+    return keys
+
+
+def replays(store: Any, reads: Iterable[Read]) -> bool:
+    """Whether every logged read gives the same result from `store` now."""
+    for method, args, result in reads:
+        if method == "op_keys":
+            origin, after, limit, max_limit = args
+            now = store.op_keys(origin, after, limit, max_limit=max_limit)
+            now = [(int(a), int(b)) for a, b in now]
+        elif method == "missing_artifacts":
+            now = list(store.missing_artifacts(*args))
+        elif method == "chain_digests_at":
+            now = list(store.chain_digests_at(*args))
+        elif method == "chain_signatures":
+            now = dict(store.chain_signatures(*args))
+        else:
+            return False
+        if now != result:
+            return False
+    return True
+
+
+def page_key(encoding: str, params: Mapping[str, Any]) -> Key:
+    return encoding, tuple(sorted((str(k), str(v)) for k, v in params.items()))
+
+
+class PageCache:
+    """A bytes-bounded LRU of encoded answers, each served only after its reads replay;
+    thread-safe (answers are built in worker threads)."""
+
+    def __init__(self, max_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[Key, Entry] = OrderedDict()
+        self._store_id: int | None = None
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def bytes_held(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def answer(self, store: Any, key: Key) -> Entry | None:
+        """The kept answer for `key` if its reads replay the same from `store`, else None
+        (a stale entry is dropped)."""
+        with self._lock:
+            if self._store_id != id(store):
+                self._forget(id(store))
+            entry = self._entries.get(key)
+        if entry is not None and replays(store, entry.reads):
+            with self._lock:
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+                self.hits += 1
+            return entry
+        with self._lock:
+            if entry is not None and self._entries.get(key) is entry:
+                del self._entries[key]
+                self._bytes -= _size(entry)
+            self.misses += 1
+        return None
+
+    def put(self, store: Any, key: Key, log: ReadLog, data: bytes, encoding: str) -> None:
+        """Keep an answer built from `store` through `log` (if its reads replay)."""
+        entry = Entry(data, encoding, tuple(log.reads))
+        size = _size(entry)
+        if (not log.replayable or self.max_bytes <= 0 or size > self.max_bytes // 4
+                or not all(hasattr(store, name) for name in REPLAYED)):
+            return
+        with self._lock:
+            if self._store_id != id(store):
+                self._forget(id(store))
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= _size(old)
+            self._entries[key] = entry
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, gone = self._entries.popitem(last=False)
+                self._bytes -= _size(gone)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._forget(None)
+
+    def _forget(self, store_id: int | None) -> None:
+        self._entries.clear()
+        self._bytes = 0
+        self._store_id = store_id
+
+
+def _size(entry: Entry) -> int:
+    return len(entry.data) + ENTRY_OVERHEAD
