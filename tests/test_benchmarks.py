@@ -126,6 +126,7 @@ def test_serving_measures_each_target_at_each_concurrency() -> None:
         ("serving", ["--pullers", "2,0"], "every level must be >= 1"),
         ("growth", ["--sizes", "100,10"], "must be increasing positive integers"),
         ("growth", ["--idle-seconds", "0"], "--idle-seconds 0 is invalid"),
+        ("page_frames", ["--per-write", "0"], "0 is invalid: must be a positive integer"),
     ],
 )
 def test_bad_arguments_are_one_sentence_not_a_traceback(
@@ -177,3 +178,15 @@ def test_growth_reports_each_size_fleet_and_peer_count() -> None:
         assert row["cpu_s"] >= 0
     text = rendered("growth", result)
     assert "| stored events |" in text and "| simulated nodes |" in text and "idle daemon" in text
+
+
+def test_page_frames_times_both_ways_and_prints_the_ratio() -> None:
+    """Small enough for the default suite: every op reaches each subscriber both ways."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "page_frames.py"), "--events", "15", "--repeat", "1",
+         "--per-write", "3"], capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "pages=30 per_write=3" in done.stdout
+    ratio = float(done.stdout.split("ratio (b)/(a)")[1].split(":")[1].split("x")[0])
+    assert ratio > 0
