@@ -18,14 +18,13 @@ the store, and memory stays at `max_bytes` plus `ENTRY_OVERHEAD` per entry.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
 
 from logsync.responder import json_bytes
+from logsync.server.lru import BoundedLRU
 from logsync.wire import EXT_CHAIN, EXT_INLINE_ARTIFACTS, EXT_LARGE_PAGES
 
 JSON = "json"
@@ -38,66 +37,23 @@ Key = tuple[str, str, int]  # (encoding, origin, origin_seq)
 OpKey = tuple[int, int]  # (origin_seq, seq) of a stored op, as `Store.op_keys` reads
 
 
-class OpCache:
-    """A bytes-bounded LRU of encoded ops; thread-safe (answers are built in worker
-    threads)."""
+class OpCache(BoundedLRU[tuple[int, bytes]]):
+    """A bytes-bounded LRU of encoded ops (`lru.BoundedLRU`): (seq, bytes) by key."""
 
     def __init__(self, max_bytes: int = DEFAULT_OP_CACHE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[Key, tuple[int, bytes]] = OrderedDict()
-        self._store_id: int | None = None
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def bytes_held(self) -> int:
-        return self._bytes
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def bind(self, store: Any) -> None:
-        """Forget everything when asked about another store object than the last."""
-        with self._lock:
-            if self._store_id != id(store):
-                self._entries.clear()
-                self._bytes = 0
-                self._store_id = id(store)
+        super().__init__(max_bytes, lambda entry: len(entry[1]) + ENTRY_OVERHEAD, 8)
 
     def get(self, encoding: str, origin: str, origin_seq: int, seq: int) -> bytes | None:
         """The op's encoded bytes if held for exactly this row, else None."""
         key = (encoding, origin, origin_seq)
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None or entry[0] != seq:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return entry[1]
+        entry = self.peek(None, key)
+        held = entry if entry is not None and entry[0] == seq else None
+        self.used(key, held)
+        return held[1] if held is not None else None
 
     def put(self, encoding: str, origin: str, origin_seq: int, seq: int, data: bytes
             ) -> None:
-        size = len(data) + ENTRY_OVERHEAD
-        if self.max_bytes <= 0 or size > self.max_bytes // 8:
-            return
-        key = (encoding, origin, origin_seq)
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= len(old[1]) + ENTRY_OVERHEAD
-            self._entries[key] = (seq, data)
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, gone = self._entries.popitem(last=False)
-                self._bytes -= len(gone[1]) + ENTRY_OVERHEAD
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0
+        self.keep(None, (encoding, origin, origin_seq), (seq, data))
 
     # ── answers ───────────────────────────────────────────────────────
 

@@ -22,11 +22,11 @@ store object than the last forgets everything.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from logsync.server.lru import BoundedLRU
 
 DEFAULT_PAGE_CACHE_BYTES = 64 * 1024 * 1024
 ENTRY_OVERHEAD = 1024  # the key, the read log and their objects, roughly
@@ -126,73 +126,27 @@ def page_key(encoding: str, params: Mapping[str, Any]) -> Key:
     return encoding, tuple(sorted((str(k), str(v)) for k, v in params.items()))
 
 
-class PageCache:
-    """A bytes-bounded LRU of encoded answers, each served only after its reads replay;
-    thread-safe (answers are built in worker threads)."""
+class PageCache(BoundedLRU[Entry]):
+    """A bytes-bounded LRU of encoded answers (`lru.BoundedLRU`), each served only after
+    its reads replay."""
 
     def __init__(self, max_bytes: int = DEFAULT_PAGE_CACHE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[Key, Entry] = OrderedDict()
-        self._store_id: int | None = None
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def bytes_held(self) -> int:
-        return self._bytes
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(max_bytes, _size, 4)
 
     def answer(self, store: Any, key: Key) -> Entry | None:
         """The kept answer for `key` if its reads replay the same from `store`, else None
         (a stale entry is dropped)."""
-        with self._lock:
-            if self._store_id != id(store):
-                self._forget(id(store))
-            entry = self._entries.get(key)
-        if entry is not None and replays(store, entry.reads):
-            with self._lock:
-                if key in self._entries:
-                    self._entries.move_to_end(key)
-                self.hits += 1
-            return entry
-        with self._lock:
-            if entry is not None and self._entries.get(key) is entry:
-                del self._entries[key]
-                self._bytes -= _size(entry)
-            self.misses += 1
-        return None
+        entry = self.peek(store, key)
+        if entry is not None and not replays(store, entry.reads):
+            self.drop(key, entry)
+            entry = None
+        self.used(key, entry)
+        return entry
 
     def put(self, store: Any, key: Key, log: ReadLog, data: bytes, encoding: str) -> None:
         """Keep an answer built from `store` through `log` (if its reads replay)."""
-        entry = Entry(data, encoding, tuple(log.reads))
-        size = _size(entry)
-        if (not log.replayable or self.max_bytes <= 0 or size > self.max_bytes // 4
-                or not all(hasattr(store, name) for name in REPLAYED)):
-            return
-        with self._lock:
-            if self._store_id != id(store):
-                self._forget(id(store))
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= _size(old)
-            self._entries[key] = entry
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, gone = self._entries.popitem(last=False)
-                self._bytes -= _size(gone)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._forget(None)
-
-    def _forget(self, store_id: int | None) -> None:
-        self._entries.clear()
-        self._bytes = 0
-        self._store_id = store_id
+        if log.replayable and all(hasattr(store, name) for name in REPLAYED):
+            self.keep(store, key, Entry(data, encoding, tuple(log.reads)))
 
 
 def _size(entry: Entry) -> int:
