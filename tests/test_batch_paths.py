@@ -11,6 +11,7 @@ by planting the defect it names:
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from typing import Any
 
@@ -134,15 +135,18 @@ converge_within = "20s"
     assert report.ok, report.text()
 
 
-def _follow_reads(reads: list[bytes], direct_changes_after: int | None = None
-                  ) -> tuple[list[list[bytes]], int]:
-    """`watch._follow` over `reads` (one network read each); the page batches handed to
-    `on_page`, and how many times `direct()` was read."""
+def _follow_reads(reads: list[bytes], direct_changes_after: int | None = None,
+                  raises: type[BaseException] | None = None
+                  ) -> tuple[list[list[bytes]], int, list[Any]]:
+    """`watch._follow` over `reads` (one network read each): the page batches handed to
+    `on_page`, how many times `direct()` was read, and the batches and `on_change` notes
+    in the order they came."""
     import httpx
 
     from logsync.watch import _follow
 
     batches: list[list[bytes]] = []
+    log: list[Any] = []
     calls = [0]
 
     def direct() -> dict[str, str]:
@@ -157,17 +161,19 @@ def _follow_reads(reads: list[bytes], direct_changes_after: int | None = None
 
     async def on_page(datas: list[bytes], announced: str | None) -> None:
         batches.append([d.strip() for d in datas])
+        log.append(batches[-1])
 
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=body())
 
     async def main() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-            await _follow(http, "http://peer/logstream/stream", lambda o, s: None, on_page,
-                          direct)
+            with pytest.raises(raises) if raises else contextlib.nullcontext():
+                await _follow(http, "http://peer/logstream/stream",
+                              lambda o, s: log.append((o, s)), on_page, direct)
 
     anyio.run(main)
-    return batches, calls[0]
+    return batches, calls[0], log
 
 
 def test_the_watcher_hands_its_pages_on_before_reconnecting_for_a_new_direct() -> None:
@@ -177,7 +183,7 @@ def test_the_watcher_hands_its_pages_on_before_reconnecting_for_a_new_direct() -
     the `_take` before `return True` -> the page is lost (only the full round of the
     reconnect would bring it back)."""
     frame = b"event: logsync-page\ndata: {%d}\n\n"
-    batches, calls = _follow_reads([frame % 1 + frame % 2 + frame % 3],
+    batches, calls, _ = _follow_reads([frame % 1 + frame % 2 + frame % 3],
                                    direct_changes_after=2)
     assert batches == [[b"{1}", b"{2}"]] and calls == 3
 
@@ -190,7 +196,7 @@ def test_the_watcher_takes_at_most_the_cap_of_pages_together() -> None:
 
     n = cap * 2 + 3
     read = b"".join(b"event: logsync-page\ndata: {%d}\n\n" % i for i in range(n))
-    batches, _ = _follow_reads([read])
+    batches, _, _ = _follow_reads([read])
     assert [len(b) for b in batches] == [cap, cap, 3]
     assert [d for b in batches for d in b] == [b"{%d}" % i for i in range(n)]
 
@@ -279,59 +285,22 @@ def test_the_watcher_takes_pending_pages_before_a_tops_frame_of_the_same_read() 
     already have brought: noted first, it would cost a needless pull). The first tests
     check the batches and the notes apart, not their order. Planted defect: the flush
     after `_data` -> the tops is noted first."""
-    import httpx
-
     from logsync.streamframes import tops_frame
-    from logsync.watch import _follow
 
-    log: list[Any] = []
     origin = "rep_" + "1" * 32
     read = (b"event: logsync-page\ndata: {1}\n\n" + tops_frame({origin: 7})
             + b"event: logsync-page\ndata: {2}\n\n")
-
-    async def body():  # type: ignore[no-untyped-def]
-        yield read
-
-    async def on_page(datas: list[bytes], announced: str | None) -> None:
-        log.append([d.strip() for d in datas])
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=body())
-
-    async def main() -> None:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-            await _follow(http, "http://peer/logstream/stream",
-                          lambda o, s: log.append((o, s)), on_page)
-
-    anyio.run(main)
+    _, _, log = _follow_reads([read])
     assert log == [(None, None), [b"{1}"], (origin, 7), [b"{2}"]]
 
 
 def test_the_frames_before_an_over_long_line_of_the_same_read_are_still_taken(
         monkeypatch) -> None:
-    import httpx
-
     from logsync import watch
 
     monkeypatch.setattr(watch, "MAX_LINE_BYTES", 1000)
-    batches: list[list[bytes]] = []
-
-    async def body():  # type: ignore[no-untyped-def]
-        yield b"event: logsync-page\ndata: {1}\n\ndata: " + b"x" * 2000 + b"\n"
-
-    async def on_page(datas: list[bytes], announced: str | None) -> None:
-        batches.append([d.strip() for d in datas])
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=body())
-
-    async def main() -> None:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-            with pytest.raises(watch.LineTooLong):
-                await watch._follow(http, "http://peer/logstream/stream",
-                                    lambda o, s: None, on_page)
-
-    anyio.run(main)
+    read = b"event: logsync-page\ndata: {1}\n\ndata: " + b"x" * 2000 + b"\n"
+    batches, _, _ = _follow_reads([read], raises=watch.LineTooLong)
     assert batches == [[b"{1}"]]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -38,11 +38,9 @@ class Transactions:
     _write_lock: threading.Lock
     _local: threading.local
     _durable: bool
+    _connect: Callable[[], sqlite3.Connection]  # `Store`'s: a new connection to the file
     _batch_thread: int | None = None  # the thread whose batch holds the write lock
     _batch_failure: BaseException | None = None  # what ended that batch's transaction
-
-    def _connect(self) -> sqlite3.Connection:
-        raise NotImplementedError
 
     def _in_batch(self) -> bool:
         return self._batch_thread == threading.get_ident()
