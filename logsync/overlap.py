@@ -37,7 +37,8 @@ def bulk_settings() -> Iterator[None]:
         _users.append(found)
         interval, (young, middle, old) = found
         sys.setswitchinterval(min(interval, SWITCH_INTERVAL_S))
-        gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
+        if young:  # 0: the process turned automatic collection off; it stays off
+            gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), middle, old)
     try:
         yield
     finally:

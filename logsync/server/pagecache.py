@@ -29,7 +29,10 @@ from typing import Any
 from logsync.server.lru import BoundedLRU
 
 DEFAULT_PAGE_CACHE_BYTES = 64 * 1024 * 1024
-ENTRY_OVERHEAD = 1024  # the key, the read log and their objects, roughly
+ENTRY_OVERHEAD = 1024  # the entry's own objects
+# Python objects counted per item of the key and of a logged read's arguments and result
+# (a `(origin_seq, seq)` tuple of ints: ~120 bytes; a signature and its seq: ~230)
+ITEM_BYTES = 256
 
 REPLAYED = ("op_keys", "missing_artifacts", "chain_digests_at", "chain_signatures")
 Read = tuple[str, tuple[Any, ...], Any]  # (replay method, its arguments, the result)
@@ -43,6 +46,7 @@ class Entry:
     data: bytes
     encoding: str
     reads: tuple[Read, ...]
+    size: int  # what it holds in memory, the key and the read log included (`held_bytes`)
 
 
 class ReadLog:
@@ -146,8 +150,21 @@ class PageCache(BoundedLRU[Entry]):
     def put(self, store: Any, key: Key, log: ReadLog, data: bytes, encoding: str) -> None:
         """Keep an answer built from `store` through `log` (if its reads replay)."""
         if log.replayable and all(hasattr(store, name) for name in REPLAYED):
-            self.keep(store, key, Entry(data, encoding, tuple(log.reads)))
+            reads = tuple(log.reads)
+            self.keep(store, key, Entry(data, encoding, reads, held_bytes(key, data, reads)))
+
+
+def held_bytes(key: Key, data: bytes, reads: Sequence[Read]) -> int:
+    """What an entry holds, counted generously: its bytes, and `ITEM_BYTES` plus the text
+    for each query parameter (a client chooses them) and each item a read logged."""
+    query = sum(ITEM_BYTES + len(k) + len(v) for k, v in key[1])
+    logged = sum(ITEM_BYTES * (1 + len(args) + _items(result)) for _, args, result in reads)
+    return ENTRY_OVERHEAD + len(data) + query + logged
+
+
+def _items(result: Any) -> int:
+    return len(result) if isinstance(result, list | tuple | dict | set) else 1
 
 
 def _size(entry: Entry) -> int:
-    return len(entry.data) + ENTRY_OVERHEAD
+    return entry.size
