@@ -4,6 +4,7 @@ its own writes and whose failure commits nothing."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -182,3 +183,41 @@ def test_an_inner_batch_ends_by_raising_a_failure_and_none_outlives_the_batch(tm
         assert sub._batch_failure is None and sub._batch_thread is None
         with sub.batch():  # the next batch starts clean
             pass
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 2**64) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                 max_size=3),
+    max_leaves=12)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(
+    st.binary(max_size=64),
+    JSONISH.map(lambda v: json.dumps(v).encode()),
+    st.tuples(st.sampled_from(["origin", "after", "from", "events", "chain", "count"]),
+              JSONISH),
+), min_size=1, max_size=6))
+def test_a_hostile_write_never_raises_and_stores_only_valid_pages(tmp_path_factory,
+                                                                   frames) -> None:
+    """Invariant 9: whatever a peer's stream writes (bytes, any JSON, a real page with one
+    field replaced), taking it raises nothing (so it can never pause our pulls as a store
+    fault does) and stores nothing but the real pages' ops."""
+    root = tmp_path_factory.mktemp("hostile")
+    with Store.open(root / "p") as pub, Store.open(root / "s") as sub:
+        _append(pub, 3)
+        real = json.loads(_page(pub, 0, 3))
+        pages = []
+        for frame in frames:
+            if isinstance(frame, tuple):
+                field, value = frame
+                pages.append(json.dumps({**real, field: value}).encode())
+            else:
+                pages.append(frame)
+        pages.append(_page(pub, 0, 3))  # a real page after the hostile ones still goes in
+        taken = streamframes.take_pages(sub, pages, pub.replica_id)
+        assert len(taken) == len(pages)
+        assert sub.version_vector() == {pub.replica_id: 3}
+        assert _held(sub) == _held(pub)
