@@ -70,7 +70,10 @@ def test_a_harness_killed_outright_is_swept_by_the_next(
     left = netns.find([tag])
     assert left.processes and left.namespaces and left.links and left.mounts, left.describe()
     removed = netns.sweep()
-    assert set(left.describe()) <= set(removed)
+    # a process may exit on its own between the find and the sweep (its parent was
+    # killed): the sweep cannot report it, and the find below shows it gone
+    unreported = set(left.describe()) - set(removed)
+    assert all(item.startswith("process ") for item in unreported), unreported
     assert netns.find([tag]).describe() == []
     assert not (netns.owner_dir() / f"{tag}.owner").exists()
 
