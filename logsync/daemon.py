@@ -100,6 +100,7 @@ class Daemon:
             extra_allowed_hosts=config.extra_hosts, sync_interval_s=config.interval,
             scheme="https" if config.tls_cert else "http",
             health=lambda: self.store_fault,
+            op_cache_bytes=config.cache_bytes()[0], page_cache_bytes=config.cache_bytes()[1],
         )
         self.server = _QuietServer(uvicorn.Config(
             self.app, host=config.host, port=config.port, log_level=config.log_level,

@@ -7,14 +7,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from logsync.defaults import (
+    DEFAULT_CACHE_MIB,
     DEFAULT_COALESCE_S,
     DEFAULT_HOST,
     DEFAULT_INTERVAL_S,
     DEFAULT_PORT,
+    MIB,
 )
 from logsync.errors import ConfigError
 from logsync.server import is_loopback_host
 from logsync.server.commits import COMMIT_CHECK_S
+
+MAX_CACHE_MIB = 64 * 1024
 
 
 @dataclass
@@ -33,6 +37,7 @@ class DaemonConfig:
     snapshot: bool = True  # an empty store joins from a peer's snapshot (RFC 004 §9.6)
     commit_check: float = COMMIT_CHECK_S  # other processes' commits (0: the streams' poll)
     coalesce: float = DEFAULT_COALESCE_S  # a stream's frames within this of its last: batched
+    cache_mib: int = DEFAULT_CACHE_MIB  # kept /sync/ops answers, split evenly (0: none)
 
     def check(self) -> None:
         """Refuse settings that would expose the log or half-configure TLS."""
@@ -50,6 +55,15 @@ class DaemonConfig:
         if not 0 <= self.coalesce <= 1:
             raise ConfigError(f"coalescing frames over {self.coalesce} s is invalid: must be "
                               "0 (off) to 1 second")
+        if type(self.cache_mib) is not int or not 0 <= self.cache_mib <= MAX_CACHE_MIB:
+            raise ConfigError(f"cache of {self.cache_mib} MiB is invalid: must be a whole "
+                              f"number of MiB from 0 (keep no answers) to {MAX_CACHE_MIB}")
         if not 0 <= self.commit_check <= 1:
             raise ConfigError(f"commit check every {self.commit_check} s is invalid: must be "
                               "0 (off) to 1 second")
+
+    def cache_bytes(self) -> tuple[int, int]:
+        """The server's two answer caches' bounds, op cache and page cache: each half of
+        `cache_mib` (`opcache.py` keeps encoded ops, `pagecache.py` whole answers)."""
+        half = self.cache_mib * MIB // 2
+        return half, self.cache_mib * MIB - half

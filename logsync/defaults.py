@@ -11,3 +11,7 @@ DEFAULT_ORIGINS_IN_FLIGHT = 32
 # the first change after a quiet spell goes out at once, later ones in the window together
 # at its end (Plumtree's batched announcements; fewer frames, so fewer pulls).
 DEFAULT_COALESCE_S = 0.02
+# A server keeps `/sync/ops` answers to serve again: encoded ops and whole pages, half of
+# this each (`server/opcache.py`, `server/pagecache.py`); `serve --cache-mb`.
+DEFAULT_CACHE_MIB = 128
+MIB = 1024 * 1024

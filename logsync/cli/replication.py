@@ -16,7 +16,13 @@ from logsync import peers as peers_mod
 from logsync import progress
 from logsync.cli._common import emit_json, handles_errors, json_option, open_store, palace_of
 from logsync.cli.group import cli
-from logsync.defaults import DEFAULT_COALESCE_S, DEFAULT_HOST, DEFAULT_INTERVAL_S, DEFAULT_PORT
+from logsync.defaults import (
+    DEFAULT_CACHE_MIB,
+    DEFAULT_COALESCE_S,
+    DEFAULT_HOST,
+    DEFAULT_INTERVAL_S,
+    DEFAULT_PORT,
+)
 from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError
 from logsync.peerstate import PeerBook
@@ -56,6 +62,9 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
               "0: every change at once.")
 @click.option("--no-snapshot", is_flag=True, help="An empty store pulls op by op instead of "
               "joining from a peer's snapshot.")
+@click.option("--cache-mb", type=int, default=DEFAULT_CACHE_MIB, show_default=True,
+              help="Memory for /sync/ops answers kept to serve again (encoded ops and "
+              "whole pages, half each), in MiB; 0 keeps none.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True, help="How much the daemon logs (stderr).")
 @json_option
@@ -65,7 +74,7 @@ def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host:
               port: int, token: str | None,
               interval: float, tls_cert: str | None, tls_key: str | None, ca_file: str | None,
               no_notify: bool, commit_check_ms: float, coalesce_ms: float,
-              no_snapshot: bool, log_level: str) -> None:
+              no_snapshot: bool, cache_mb: int, log_level: str) -> None:
     """Serve this palace over /sync/* and pull from every peer in peers.json."""
     from logsync.daemon import DaemonConfig, serve  # the server stack loads only here
 
@@ -78,7 +87,7 @@ def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host:
         host=host, port=port, token=peers_mod.check_token(token, "--token (or LOGSYNC_TOKEN)"),
         interval=interval, tls_cert=tls_cert, tls_key=tls_key, ca_file=ca_file,
         notifications=not no_notify, log_level=log_level, snapshot=not no_snapshot,
-        commit_check=commit_check_ms / 1000, coalesce=coalesce_ms / 1000,
+        commit_check=commit_check_ms / 1000, coalesce=coalesce_ms / 1000, cache_mib=cache_mb,
     )
     config.check()
 

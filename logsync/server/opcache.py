@@ -23,13 +23,14 @@ from typing import Any
 
 import msgpack
 
+from logsync.defaults import DEFAULT_CACHE_MIB, MIB
 from logsync.responder import json_bytes
 from logsync.server.lru import BoundedLRU
 from logsync.wire import EXT_CHAIN, EXT_INLINE_ARTIFACTS, EXT_LARGE_PAGES
 
 JSON = "json"
 MSGPACK = "msgpack"
-DEFAULT_OP_CACHE_BYTES = 64 * 1024 * 1024
+DEFAULT_OP_CACHE_BYTES = DEFAULT_CACHE_MIB * MIB // 2
 ENTRY_OVERHEAD = 200  # the key, the entry tuple and their strings, roughly
 EVENTS_KEY = "events"
 

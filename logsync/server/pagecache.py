@@ -26,9 +26,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from logsync.defaults import DEFAULT_CACHE_MIB, MIB
 from logsync.server.lru import BoundedLRU
 
-DEFAULT_PAGE_CACHE_BYTES = 64 * 1024 * 1024
+DEFAULT_PAGE_CACHE_BYTES = DEFAULT_CACHE_MIB * MIB // 2
 ENTRY_OVERHEAD = 1024  # the entry's own objects
 # Python objects counted per item of the key and of a logged read's arguments and result
 # (a `(origin_seq, seq)` tuple of ints: ~120 bytes; a signature and its seq: ~230)
