@@ -35,6 +35,7 @@ from tests.test_client import StorePeer, run_round
 
 KIT = RemoteKit()
 REPLICA = "rep_" + "7" * 32
+OTHER = "rep_" + "5" * 32  # an origin no page here is of
 TABLES = {
     "events": "SELECT rowid, * FROM events ORDER BY rowid",
     "event_artifacts": "SELECT * FROM event_artifacts ORDER BY 1, 2",
@@ -127,6 +128,11 @@ DEFECTS = {
     "signature altered": lambda page, i: page["signatures"].update(
         {s: bytes(64) for s in page["signatures"]}),
     "prev altered": lambda page, i: page.update(prev=bytes(32)),
+    "prev altered high": lambda page, i: page.update(prev=b"\xff" * 32),
+    "op of another origin": lambda page, i: _op(page, i).update(
+        origin_replica=OTHER, hlc=_op(page, i)["hlc"][:21] + OTHER),
+    "not an op at the end": lambda page, i: page["events"].append("not an op"),
+    "artifact not an object": lambda page, i: page["artifacts"].append("not an artifact"),
     "metadata altered": lambda page, i: _op(page, i).update(metadata={"n": -1}),
     "seq beyond": lambda page, i: _op(page, -1).update(origin_seq=10**6),
 }
