@@ -72,12 +72,17 @@ def verify_page(
     digest = prev
     digests: dict[int, bytes] = {}
     links: dict[int, tuple[bytes, bytes]] = {}
-    covered = events[0].get("origin_seq")  # the first op the next signature vouches for
-    last = events[-1].get("origin_seq") if events else None
+    first, end = (events[0], events[-1]) if events else (None, None)
+    # the first op the next signature vouches for
+    covered = first.get("origin_seq") if isinstance(first, Mapping) else None
+    last = end.get("origin_seq") if isinstance(end, Mapping) else None
     if not isinstance(last, int) or last not in signatures:
         return (UNSIGNED, last if isinstance(last, int) else 0,
                 "the page of a signed origin does not carry the signature of its last op")
     for event in events:
+        if not isinstance(event, Mapping):  # a caller's page: the wire takes only objects
+            return (CHAIN_MISMATCH, 0, f"the op {shorten(event)} is not an object, so it "
+                    "cannot be put on the origin's chain")
         seq = event.get("origin_seq")
         ids = event.get("artifact_ids")
         try:

@@ -153,3 +153,18 @@ def test_page_shas_reads_what_is_held_and_ignores_what_is_not_an_artifact(
         assert fastpage.held_shas(conn, [held["id"], "art_missing"]) == \
             {held["id"]: held["sha256"]}
     assert shas == {held["id"]: held["sha256"], carried["id"]: carried["sha256"]}
+
+
+@pytest.mark.parametrize("where", [0, 2, -1])
+def test_a_non_op_in_a_signed_page_is_refused_never_raised(author: Store, replica: Store,
+                                                           where: int) -> None:
+    """`Store.apply_chained` is public: a caller's page holding something that is not an
+    op (the wire refuses those before the store) stores nothing of it and raises nothing,
+    on the fast path and on the reference path it falls back to (`pagechain.verify_page`)."""
+    replica.pin_keys({author.replica_id: author.public_key}, "peer")
+    page = copy.deepcopy(served(author, 0, 4))
+    page["events"].insert(where if where >= 0 else len(page["events"]), "not an op")
+    result = replica.apply_chained(page["events"], page["artifacts"], page["origin"], 0,
+                                   page["prev"], page["signatures"])
+    assert result.applied == 0 and replica.version_vector() == {}
+    assert result.stopped
