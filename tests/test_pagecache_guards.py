@@ -1,15 +1,19 @@
-"""The page cache's bound against what a read logs in its arguments: a page whose ops
-name many held artifacts logs every id it looked up (`missing_artifacts`'s argument),
-and the entry holds those strings as long as it is kept."""
+"""The page cache (`logsync/server/pagecache.py`), paths the other tests leave open, each
+checked by planting the defect it names: what a read logs in its arguments counts toward
+the bound, and our chain at `after` is replayed even when no op or signature changed."""
 
 from __future__ import annotations
 
 import itertools
 from pathlib import Path
 
+import anyio
+
 from logsync import responder
+from logsync.server import create_app
 from logsync.server.pagecache import PageCache, ReadLog, page_key
 from logsync.store import Store
+from tests.test_pagecache import TOKEN, author, relay, served
 from tests.test_pagecache_paths import _deep
 
 
@@ -38,3 +42,23 @@ def test_the_ids_a_page_looked_up_count_toward_the_bound(tmp_path: Path) -> None
         entry = cache._entries[key]
         held = _deep(key) + _deep(entry.reads) + len(entry.data)
         assert held <= cache.bytes_held, (held, cache.bytes_held)
+
+
+def test_a_page_above_our_top_gets_our_chain_once_we_reach_its_after(tmp_path: Path) -> None:
+    """`after=10` of an origin we hold up to 5: no ops, and `prev` null (our chain ends
+    below 10). Once we hold 6..10 there are still no ops above 10, no signature at the
+    page's seqs, only `prev` differs. Planted defect: `replays` not re-reading
+    `chain_digests_at` -> the kept `prev: null` is served (tests/test_pagecache.py
+    passes)."""
+    with Store.open(tmp_path / "server") as server, Store.open(tmp_path / "other") as other:
+        author(other, 10)
+        relay(server, other, 5)
+        cached = create_app(server, token=TOKEN)
+        bare = create_app(server, token=TOKEN, op_cache_bytes=0, page_cache_bytes=0)
+        params = {"origin": other.replica_id, "after": 10, "limit": 5, "ext": "chain"}
+        first = anyio.run(served, [cached], params, False)[0]
+        assert b'"prev": null' in first[2]
+        relay(server, other, 5)
+        fresh, kept = anyio.run(served, [bare, cached], params, False)
+        assert b'"prev": null' not in fresh[2]
+        assert kept == fresh
