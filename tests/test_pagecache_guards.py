@@ -62,3 +62,22 @@ def test_a_page_above_our_top_gets_our_chain_once_we_reach_its_after(tmp_path: P
         fresh, kept = anyio.run(served, [bare, cached], params, False)
         assert b'"prev": null' not in fresh[2]
         assert kept == fresh
+
+
+class _NoKeys:
+    """A store that reads ops but cannot replay them (no `op_keys`: a fake peer's)."""
+
+    def list_ops(self, *args: object, **kw: object) -> list[dict]:
+        return [{"origin_seq": 1, "seq": 1}]
+
+
+def test_a_store_that_cannot_replay_its_reads_keeps_nothing() -> None:
+    """Planted defect: `put` without its check of the replaying reads -> the entry is
+    kept, and the next ask of it raises AttributeError out of `answer` (a 500)."""
+    log = ReadLog(_NoKeys())
+    log.list_ops("rep_a", 0, 5)
+    assert log.replayable
+    cache = PageCache(1 << 20)
+    key = page_key("json", {})
+    cache.put(_NoKeys(), key, log, b"{}", "json")
+    assert len(cache) == 0 and cache.answer(_NoKeys(), key) is None
