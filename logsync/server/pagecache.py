@@ -159,10 +159,15 @@ def held_bytes(key: Key, data: bytes, reads: Sequence[Read]) -> int:
     """What an entry holds, counted generously: its bytes, and `ITEM_BYTES` plus the text
     for each query parameter (a client chooses them) and each item a read logged, in its
     arguments (the ids a page looked up) as in its result."""
-    query = sum(ITEM_BYTES + len(k) + len(v) for k, v in key[1])
+    query = sum(ITEM_BYTES + _text_bytes(k) + _text_bytes(v) for k, v in key[1])
     logged = sum(ITEM_BYTES * (1 + sum(map(_items, args)) + _items(result))
                  for _, args, result in reads)
     return ENTRY_OVERHEAD + len(data) + query + logged
+
+
+def _text_bytes(text: str) -> int:
+    """At least what a str holds a character (1, 2 or 4 bytes): its UTF-8 length."""
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _items(result: Any) -> int:
