@@ -12,6 +12,8 @@ only ever handed to the store with the very events it was prepared from, and the
 checks again, inside its transaction, everything the preparation assumed.
 From the first page it prepares ahead to the end of its round, the interpreter runs with
 `overlap.bulk_settings` (a pull from a peer without chains prepares none and changes none).
+Bounds: what is prepared is the first pages of one `Batch` and pages fetched ahead of the
+origin being pulled, and at most one page of an origin the round has left.
 """
 
 from __future__ import annotations
@@ -49,9 +51,10 @@ class _Prefetch:
 class _Preparing:
     """One page being prepared in a worker thread: the store's `Prepared`, once done."""
 
-    def __init__(self, origin: str, after: int, events: list[Any]) -> None:
+    def __init__(self, origin: str, after: int, events: list[Any], ahead: bool) -> None:
         self.origin, self.after = origin, after
         self.events = events  # held, so its id() is not re-used while we wait
+        self.ahead = ahead  # a page fetched ahead (else a first page a `Batch` brought)
         self.done = anyio.Event()
         self.prepared: Any = None
 
@@ -86,8 +89,11 @@ class Prefetcher:
                 self._settings = None
 
     async def take(self, request: Request) -> tuple[Any, int]:
+        """The answer to `request`: the page fetched ahead for it, else fetched now. Pages
+        prepared ahead for other origins go: the round has left them."""
         pending = self._pending.pop(request_key(request), None)
         self._pending.clear()  # any other guess was wrong
+        self._drop(lambda other: other.ahead and other.origin != request.params.get("origin"))
         if pending is None:
             return await self._fetch(request)
         await pending.done.wait()
@@ -107,9 +113,10 @@ class Prefetcher:
     def prepare_batch(self, requests: Sequence[Request], answers: Sequence[Any]) -> None:
         """Prepare the first pages a `Batch` brought (several origins' at once) while the
         origins before each are pulled."""
+        self._drop(lambda other: True)  # the origins pulled before this group are done
         for request, answer in zip(requests, answers, strict=True):
             if request.path == OPS_PATH and not isinstance(answer, BaseException):
-                self._prepare_soon(request, answer)
+                self._prepare_soon(request, answer, ahead=False)
 
     async def prepared_for(self, effect: ApplyPage) -> Any:
         """The store's preparation of this very page, if one was started (waited for),
@@ -132,9 +139,17 @@ class Prefetcher:
         finally:
             slot.done.set()
         if slot.error is None:
-            self._prepare_soon(request, slot.answer)
+            self._prepare_soon(request, slot.answer, ahead=True)
 
-    def _prepare_soon(self, request: Request, answer: Any) -> None:
+    def _drop(self, stale: Callable[[_Preparing], bool]) -> None:
+        """Forget the preparations of pages the round will not apply: a round pulls its
+        origins one after another, so a page prepared for an origin it left (the store
+        or the peer stopped it) would be held, decoded, to the round's end."""
+        for key, other in list(self._preparing.items()):
+            if stale(other):
+                del self._preparing[key]
+
+    def _prepare_soon(self, request: Request, answer: Any, *, ahead: bool) -> None:
         """Parse the page as the engine will (a page it refuses is not prepared), note it
         at once (so an apply of it waits for it rather than doing the work twice) and run
         the store's preparation in a worker thread."""
@@ -154,7 +169,7 @@ class Prefetcher:
             self._settings.enter_context(bulk_settings())
             self._bulk = True
         preparing = self._preparing[id(page.events)] = _Preparing(page.origin, page.after,
-                                                                 page.events)
+                                                                 page.events, ahead)
         self._group.start_soon(self._run, preparing, page)
 
     async def _run(self, preparing: _Preparing, page: Any) -> None:

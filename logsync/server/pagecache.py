@@ -32,7 +32,8 @@ from logsync.server.lru import BoundedLRU
 DEFAULT_PAGE_CACHE_BYTES = DEFAULT_CACHE_MIB * MIB // 2
 ENTRY_OVERHEAD = 1024  # the entry's own objects
 # Python objects counted per item of the key and of a logged read's arguments and result
-# (a `(origin_seq, seq)` tuple of ints: ~120 bytes; a signature and its seq: ~230)
+# (a `(origin_seq, seq)` tuple of ints: ~120 bytes; a signature and its seq: ~230; an
+# artifact id of 128 characters: ~190)
 ITEM_BYTES = 256
 
 REPLAYED = ("op_keys", "missing_artifacts", "chain_digests_at", "chain_signatures")
@@ -157,10 +158,17 @@ class PageCache(BoundedLRU[Entry]):
 
 def held_bytes(key: Key, data: bytes, reads: Sequence[Read]) -> int:
     """What an entry holds, counted generously: its bytes, and `ITEM_BYTES` plus the text
-    for each query parameter (a client chooses them) and each item a read logged."""
-    query = sum(ITEM_BYTES + len(k) + len(v) for k, v in key[1])
-    logged = sum(ITEM_BYTES * (1 + len(args) + _items(result)) for _, args, result in reads)
+    for each query parameter (a client chooses them) and each item a read logged, in its
+    arguments (the ids a page looked up) as in its result."""
+    query = sum(ITEM_BYTES + _text_bytes(k) + _text_bytes(v) for k, v in key[1])
+    logged = sum(ITEM_BYTES * (1 + sum(map(_items, args)) + _items(result))
+                 for _, args, result in reads)
     return ENTRY_OVERHEAD + len(data) + query + logged
+
+
+def _text_bytes(text: str) -> int:
+    """At least what a str holds a character (1, 2 or 4 bytes): its UTF-8 length."""
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _items(result: Any) -> int:
