@@ -9,10 +9,9 @@ Install is a rename, crash-safe at every step: the download and every edit happe
 temp file beside the store (removed at the next join if a kill leaves it); the live file
 is then switched out of WAL mode, which SQLite allows only when no other connection has
 it open (so nothing that could write is holding it), locked exclusively, found still
-empty, and replaced by `os.replace` with the candidate (in WAL mode, no -wal beside it). A
-kill before the rename leaves the empty store (back in WAL mode at its next open), after
-it the whole snapshot. A process that opened the old file in between cannot write to it:
-SQLite refuses writes to a renamed file.
+empty, and replaced by `os.replace`. A kill before the rename leaves the empty store
+(back in WAL mode at its next open), after it the whole snapshot. A process that opened
+the old file in between cannot write to it: SQLite refuses writes to a renamed file.
 """
 
 from __future__ import annotations
@@ -187,26 +186,9 @@ def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], 
     prepare(candidate, own_id, own_key, preamble["replica_id"],
             utc_now_iso(int(time.time() * 1000)))
     held = audit(candidate, proven, verified)
-    _to_wal(candidate)
     _fsync(candidate)
     install(candidate, palace / DB_FILENAME)
     return held
-
-
-def _to_wal(candidate: Path) -> None:
-    """Put the checked candidate in WAL mode, the store's own, before its one fsync: the
-    first open after install then rewrites (and syncs) nothing. Closing the only
-    connection removes the -wal it made, so only the database file is installed."""
-    conn = sqlite3.connect(candidate, isolation_level=None)
-    try:
-        conn.execute("PRAGMA synchronous=OFF")  # the fsync before install makes it durable
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-    except sqlite3.DatabaseError as exc:
-        raise SnapshotRefused(f"it cannot be put in WAL mode ({exc})") from None
-    finally:
-        conn.close()
-    if str(mode).lower() != "wal":
-        raise SnapshotRefused(f"it stays in {mode} mode, not WAL")
 
 
 def install(candidate: Path, db_path: Path) -> None:
