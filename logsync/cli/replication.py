@@ -133,8 +133,7 @@ def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str
         from logsync.snapshot.joining import join_if_empty
 
         joined = join_if_empty(palace, targets, ca_file=ca_file, timeout=timeout,
-                               say=lambda line: click.echo(f"  {line}", err=True),
-                               meanwhile=_import_pull)
+                               say=lambda line: click.echo(f"  {line}", err=True))
         if joined is not None and not as_json:
             click.echo(f"  {joined.line()}")
     # a joined snapshot passed the integrity check a moment ago: no second quick check
@@ -155,14 +154,6 @@ def sync_cmd(ctx: click.Context, as_json: bool, peer_url: str | None, token: str
             _print_result(result)
     if any(_failed(s) for s in stats):
         sys.exit(1)
-
-
-def _import_pull() -> None:
-    """Import what `_sync_one` needs (its client, anyio's asyncio backend), ahead of it."""
-    import anyio._backends._asyncio  # noqa: F401 - what the first `anyio.run` imports
-
-    import logsync.client  # noqa: F401
-    import logsync.push  # noqa: F401
 
 
 def _failed(stats: dict[str, Any]) -> bool:

@@ -83,14 +83,11 @@ def is_empty(store: Store) -> bool:
 
 def join_if_empty(palace: Path, peers: Sequence[Any], *, ca_file: str | None = None,
                   timeout: float = 30.0, max_bytes: int = MAX_SNAPSHOT_BYTES,
-                  say: Callable[[str], None] = log.warning,
-                  meanwhile: Callable[[], object] | None = None) -> Joined | None:
+                  say: Callable[[str], None] = log.warning) -> Joined | None:
     """Join from the first peer that advertises `snapshot`, if the store is empty and
     closed (the caller opens it after). A peer that does not answer its vector is passed
     over in silence (the pull that follows reports it). None: nothing installed (`say`
-    was told why, if a snapshot was tried). `meanwhile` runs on a thread beside the
-    checks of a downloaded snapshot, which leave a core idle at times (the CLI imports
-    what its pull needs there); what it raises is ignored."""
+    was told why, if a snapshot was tried)."""
     palace = Path(palace)
     if _holds_events(palace / DB_FILENAME):
         return None  # the common case costs one indexed read, not a full open
@@ -103,7 +100,7 @@ def join_if_empty(palace: Path, peers: Sequence[Any], *, ca_file: str | None = N
         label = getattr(peer, "name", None) or redact_url(peer.url)
         try:
             joined = _join_one(palace, peer, label, own_id, own_key, ca_file, timeout,
-                               max_bytes, meanwhile)
+                               max_bytes)
         except SnapshotRefused as exc:
             say(f"snapshot from {label} refused: {exc}; pulling op by op instead")
             return None
@@ -129,8 +126,7 @@ def _holds_events(db_path: Path) -> bool:
 
 
 def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: bytes | None,
-              ca_file: str | None, request_timeout: float, max_bytes: int,
-              meanwhile: Callable[[], object] | None = None) -> Joined | None:
+              ca_file: str | None, request_timeout: float, max_bytes: int) -> Joined | None:
     began = time.monotonic()
     url = check_url(peer.url)
     tls: Any = False
@@ -157,8 +153,7 @@ def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: bytes |
             if preamble["replica_id"] != answer.get("replica_id"):
                 raise SnapshotRefused(f"it names replica {preamble['replica_id']}, not the "
                                       f"{answer.get('replica_id')} that answered the vector")
-            held = _check_and_install(candidate, palace, preamble, own_id, own_key,
-                                      meanwhile)
+            held = _check_and_install(candidate, palace, preamble, own_id, own_key)
         finally:
             candidate.unlink(missing_ok=True)
     return Joined(label, preamble["replica_id"], held["events"], held["artifacts"],
@@ -166,8 +161,7 @@ def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: bytes |
 
 
 def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], own_id: str,
-                       own_key: bytes | None,
-                       meanwhile: Callable[[], object] | None = None) -> dict[str, Any]:
+                       own_key: bytes | None) -> dict[str, Any]:
     check_readonly(candidate, preamble["vector"], own_id)
     # SQLite's integrity check (C, no GIL) runs on one core while the chains are proven
     # (`chaincheck`: SQLite writes the canonical bytes, GIL-free too) on the others, both
@@ -175,12 +169,10 @@ def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], 
     # candidate is made ours and audited (signatures, artifacts, gaps, and the reference
     # recomputation of any chain not proven).
     # The download was not fsynced: its flush to disk starts now, beside the checks.
-    with ThreadPoolExecutor(max_workers=4 + CHAIN_WORKERS,
+    with ThreadPoolExecutor(max_workers=3 + CHAIN_WORKERS,
                             thread_name_prefix="snapshot-check") as pool:
         integrity = pool.submit(check_integrity, candidate)
         flushed = pool.submit(_fsync, candidate)
-        if meanwhile is not None:
-            pool.submit(meanwhile)  # its result is never asked for: a failure is ignored
         signed = pool.submit(verify_kept_signatures, candidate, own_id,
                              preamble["replica_id"])
         try:
