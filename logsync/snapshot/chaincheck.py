@@ -99,7 +99,8 @@ def prove_chains(path: Path, submit: Callable[..., Future[Any]] | Executor | Non
     """The origins whose stored chain this check proves equal to the recomputed one.
 
     `submit` runs the range checks (an executor's `submit`, or None: one after the other);
-    each opens its own read-only connection, so SQLite's work runs in parallel.
+    each opens its own read-only connection. Threads side by side wait on each other for
+    the GIL at every row (SQLite gives it up per row): the join passes None.
     """
     run = getattr(submit, "submit", submit)
     try:
