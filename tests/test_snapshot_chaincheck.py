@@ -32,6 +32,13 @@ from logsync.store.schema import INSERT_EVENT, migrate
 
 ORIGIN = "rep_0123456789ab"
 
+
+def _sql_bytes(head: bytes, meta: Any, tail: bytes) -> bytes:
+    """The canonical bytes the SQL path hashes for a row, in one buffer."""
+    return (bytes(head) + chaincheck._METADATA_KEY + _metadata_bytes(meta) + chaincheck._COMMA
+            + bytes(tail))
+
+
 # Any text SQLite can store from Python (no lone surrogates): control characters, quotes,
 # backslashes, NUL, U+2028, astral characters.
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=24)
@@ -112,7 +119,8 @@ def test_this_sqlite_quotes_like_python() -> None:
 @given(ops=st.lists(_row, min_size=1, max_size=6))
 def test_the_sql_canonical_bytes_are_the_reference_bytes(ops: list[dict[str, Any]]) -> None:
     """For every op the SQL path renders (the rest take the reference's bytes), head +
-    metadata + tail is exactly `chaining.canonical`; and the whole chain is proven."""
+    `,"metadata":` + metadata + `,` + tail is exactly `chaining.canonical`; and the whole
+    chain is proven."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "s.sqlite3"
         conn = new_store(path)
@@ -127,7 +135,7 @@ def test_the_sql_canonical_bytes_are_the_reference_bytes(ops: list[dict[str, Any
             if head is None:  # only an op that names artifacts leaves the SQL path here
                 assert op["artifacts"]
                 continue
-            assert head + _metadata_bytes(meta) + tail == want
+            assert _sql_bytes(head, meta, tail) == want
         assert prove_chains(path) == {ORIGIN}
         assert prove_chains(path, split=1, parts=3) == {ORIGIN}
 
@@ -179,7 +187,7 @@ def _sql_render(conn: sqlite3.Connection) -> Any:
     def render(seq: int) -> bytes:
         _s, head, meta, tail, _d = conn.execute(
             RANGE_SQL.replace("CASE WHEN", "CASE WHEN 1 OR"), (ORIGIN, seq, seq)).fetchone()
-        return bytes(head) + _metadata_bytes(meta) + bytes(tail)
+        return _sql_bytes(head, meta, tail)
     return render
 
 

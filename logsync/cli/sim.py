@@ -14,10 +14,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import get_context
-from typing import Any
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -34,6 +32,9 @@ from logsync.cli._common import (
 )
 from logsync.cli.group import cli
 from logsync.model import utc_now_iso
+
+if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
 
 _SEEDS_RE = re.compile(r"^\s*(\d+)\s*\.\.\s*(\d+)\s*$")
 MAX_SWEEP = 10_000
@@ -270,6 +271,10 @@ def _pool_pass(scenario: Any, todo: list[int], workers: int, run: Callable[[Any]
 
 
 def _pool(workers: int) -> ProcessPoolExecutor:
+    # Imported here: multiprocessing costs every other command's start ~5 ms.
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
     # spawn: a worker is a fresh interpreter, whatever threads or state this process holds
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
                                initializer=_quiet_worker)
@@ -290,6 +295,8 @@ def _submit(pool: ProcessPoolExecutor, run: Callable[[Any], Any], scenario: Any,
 
 def _outcome(future: Future[Outcome]) -> Outcome | None:
     """The seed's outcome; None when its worker died (the pool broke under it)."""
+    from concurrent.futures.process import BrokenProcessPool  # loaded with the pool
+
     error = future.exception()
     if isinstance(error, BrokenProcessPool):
         return None

@@ -63,11 +63,12 @@ def _object_sql(keys: Iterable[str]) -> str:
 
 
 _SPLIT = CANONICAL_KEYS.index("metadata")
-# The canonical text up to `"metadata":` and from the `,` after it: the head's object
-# ends with a quoted id, the tail's starts with a key, so one brace comes off each.
-HEAD_SQL = (f"rtrim({_object_sql(CANONICAL_KEYS[:_SPLIT])}, '}}') || "
-            "',\"metadata\":'")
-TAIL_SQL = f"',' || ltrim({_object_sql(CANONICAL_KEYS[_SPLIT + 1:])}, '{{')"
+# The canonical text before `,"metadata":` and after the `,` that follows the metadata:
+# the head's object ends with a quoted id, the tail's starts with a key, so one brace
+# comes off each. Python hashes head, `,"metadata":` + metadata + `,`, tail in turn.
+HEAD_SQL = f"rtrim({_object_sql(CANONICAL_KEYS[:_SPLIT])}, '}}')"
+TAIL_SQL = f"ltrim({_object_sql(CANONICAL_KEYS[_SPLIT + 1:])}, '{{')"
+_METADATA_KEY, _COMMA = b',"metadata":', b","
 RANGE_SQL = (
     f"SELECT e.origin_seq, CASE WHEN {_GUARD_SQL} THEN CAST({HEAD_SQL} AS BLOB) END, "
     f"e.metadata_json, CAST({TAIL_SQL} AS BLOB), c.digest FROM events e "
@@ -98,7 +99,8 @@ def prove_chains(path: Path, submit: Callable[..., Future[Any]] | Executor | Non
     """The origins whose stored chain this check proves equal to the recomputed one.
 
     `submit` runs the range checks (an executor's `submit`, or None: one after the other);
-    each opens its own read-only connection, so SQLite's work runs in parallel.
+    each opens its own read-only connection. Threads side by side wait on each other for
+    the GIL at every row (SQLite gives it up per row): the join passes None.
     """
     run = getattr(submit, "submit", submit)
     try:
@@ -178,13 +180,16 @@ def _check_rows(conn: sqlite3.Connection, origin: str, prev: Any,
         if type(stored) is not bytes or type(prev) is not bytes or \
                 (last is not None and seq <= last):
             raise _Unproven
+        digest = sha256(prev)  # fed in pieces: no op-sized buffer is built to hash
         if head is None:
-            data = _reference_bytes(conn, origin, seq)
+            digest.update(_reference_bytes(conn, origin, seq))
         else:
             if not (head.isascii() and tail.isascii()):
                 head.decode("utf-8"), tail.decode("utf-8")  # as strict as the reference
-            data = head + metadata_bytes(meta) + tail
-        if sha256(prev + data).digest() != stored:
+            digest.update(head)
+            digest.update(_METADATA_KEY + metadata_bytes(meta) + _COMMA)
+            digest.update(tail)
+        if digest.digest() != stored:
             raise _Unproven
         prev, last, count = stored, seq, count + 1
     return count

@@ -50,7 +50,6 @@ log = logging.getLogger("logsync.snapshot")
 MAX_SNAPSHOT_BYTES = 64 * 1024**3
 INSTALL_LOCK_TIMEOUT_S = 1.0
 LOOK_S = 5.0  # one look at a peer's vector before joining from it
-CHAIN_WORKERS = 2  # threads proving seq ranges of a large origin's chain
 
 
 @dataclass(frozen=True)
@@ -164,19 +163,20 @@ def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], 
                        own_key: bytes | None) -> dict[str, Any]:
     check_readonly(candidate, preamble["vector"], own_id)
     # SQLite's integrity check (C, no GIL) runs on one core while the chains are proven
-    # (`chaincheck`: SQLite writes the canonical bytes, GIL-free too) on the others, both
-    # on the file as downloaded; both must pass before anything is installed. Then the
-    # candidate is made ours and audited (signatures, artifacts, gaps, and the reference
-    # recomputation of any chain not proven).
+    # on this thread (`chaincheck`: SQLite writes the canonical bytes), both on the file
+    # as downloaded; both must pass before anything is installed. Then the candidate is
+    # made ours and audited (signatures, artifacts, gaps, and the reference
+    # recomputation of any chain not proven). One thread proves every chain, one range
+    # after another: SQLite gives up the GIL at every row, so threads proving ranges side
+    # by side wait on each other for it at every row, and measured slower than one.
     # The download was not fsynced: its flush to disk starts now, beside the checks.
-    with ThreadPoolExecutor(max_workers=3 + CHAIN_WORKERS,
-                            thread_name_prefix="snapshot-check") as pool:
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="snapshot-check") as pool:
         integrity = pool.submit(check_integrity, candidate)
         flushed = pool.submit(_fsync, candidate)
         signed = pool.submit(verify_kept_signatures, candidate, own_id,
                              preamble["replica_id"])
         try:
-            proven = prove_chains(candidate, pool, parts=CHAIN_WORKERS)
+            proven = prove_chains(candidate)
         finally:
             failed = integrity.exception()  # waits: nothing writes while a check reads
         if failed is not None:
