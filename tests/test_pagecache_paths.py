@@ -8,6 +8,8 @@ import gc
 import sys
 from pathlib import Path
 
+import pytest
+
 from logsync.overlap import bulk_settings
 from logsync.server.pagecache import PageCache, ReadLog, page_key
 from logsync.store import Store
@@ -26,16 +28,19 @@ def _deep(obj: object, seen: set[int] | None = None) -> int:
     return size
 
 
-def test_the_query_a_client_sends_counts_toward_the_bound(tmp_path: Path) -> None:
-    """The key is every query parameter, unknown ones too (`page_key`), but only the
-    answer's bytes and a flat 1 KiB are counted: a client padding its query
-    (`&pad=<12 KB>`, distinct each time) for an empty page holds ~12x the bound."""
+@pytest.mark.parametrize(("pad", "entries"), [("x" * 12_000, 200), ("😀" * 3000, 100)])
+def test_the_query_a_client_sends_counts_toward_the_bound(tmp_path: Path, pad: str,
+                                                          entries: int) -> None:
+    """The key is every query parameter, unknown ones too (`page_key`), and is held as
+    Python strs (4 bytes a character outside the BMP): a client padding its query
+    (`&pad=<12 KB>` or `&pad=😀...`, distinct each time) for an empty page must not hold
+    more than the bound."""
     with Store.open(tmp_path / "s") as store:
         cache = PageCache(64 * 1024)
-        for n in range(200):
+        for n in range(entries):
             log = ReadLog(store)
             log.list_ops(store.replica_id, 0, 5)
-            params = {"origin": store.replica_id, "after": "0", "pad": "x" * 12_000 + str(n)}
+            params = {"origin": store.replica_id, "after": "0", "pad": pad + str(n)}
             cache.put(store, page_key("json", params), log, b'{"events": []}', "json")
         held = sum(_deep(key) + _deep(entry.reads) + len(entry.data)
                    for key, entry in cache._entries.items())
