@@ -38,6 +38,9 @@ READ_TIMEOUT_S = 45.0  # upstream pings every 15 s; three missed pings = dead st
 # One SSE line: a frame's data line is one event (≤256 KiB body, ≤64 KiB metadata, routing).
 MAX_LINE_BYTES = 1024 * 1024
 MAX_PAGES_TAKEN_TOGETHER = 64  # page frames one `on_page` call (one transaction) takes
+# ... and their JSON at most (plus the frame that passes it): decoded, a page's ops take
+# some 20x their bytes, so the bound is in bytes too, not only in what one read brings
+MAX_PAGE_BYTES_TAKEN_TOGETHER = MAX_LINE_BYTES
 
 
 class LineTooLong(Exception):
@@ -129,7 +132,8 @@ async def _follow(http: httpx.AsyncClient, url: str, on_change: Change,
                 elif line.startswith(b"data:") and kind == PAGE_EVENT.encode() \
                         and on_page is not None:
                     pages.append(line[5:])
-                    if len(pages) >= MAX_PAGES_TAKEN_TOGETHER:
+                    if len(pages) >= MAX_PAGES_TAKEN_TOGETHER or \
+                            sum(map(len, pages)) >= MAX_PAGE_BYTES_TAKEN_TOGETHER:
                         pages = await _take(on_page, pages, announced)
                 elif line.startswith(b"data:"):
                     pages = await _take(on_page, pages, announced)  # frames stay in order

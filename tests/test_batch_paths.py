@@ -201,6 +201,20 @@ def test_the_watcher_takes_at_most_the_cap_of_pages_together() -> None:
     assert [d for b in batches for d in b] == [b"{%d}" % i for i in range(n)]
 
 
+def test_the_watcher_takes_at_most_a_mib_of_page_json_together(monkeypatch) -> None:
+    """One read bringing page frames of more bytes than `MAX_PAGE_BYTES_TAKEN_TOGETHER`
+    (a read's size is the HTTP client's choice): handed on in batches that pass the
+    bound by one frame at most, in order. Planted defect: no byte bound -> one batch."""
+    from logsync import watch
+
+    monkeypatch.setattr(watch, "MAX_PAGE_BYTES_TAKEN_TOGETHER", 100)
+    frames = [b"{%d%s}" % (i, b"x" * 30) for i in range(10)]  # 33 bytes of data each
+    read = b"".join(b"event: logsync-page\ndata: %s\n\n" % f for f in frames)
+    batches, _, _ = _follow_reads([read])
+    assert [len(b) for b in batches] == [3, 3, 3, 1]  # 3 frames of 34 bytes reach 100
+    assert [d for b in batches for d in b] == frames
+
+
 class _Loop:
     """A `PeerLoop` stand-in: the frames a `PeerTask` notes."""
 
