@@ -18,6 +18,8 @@ from typing import Any
 
 import anyio
 
+log = logging.getLogger("logsync.progress")
+
 EVERY_S = 5.0  # a log line (not a terminal) or a saved catch-up entry this often
 
 
@@ -56,8 +58,12 @@ async def watch(report: Any, verb: str, peer: str, *, terminal: bool,
     else a line every `EVERY_S` seconds once the round has something to show."""
     began = time.monotonic()
     if terminal:
-        await _rich(report, verb, peer, began)
-        return
+        try:
+            await _rich(report, verb, peer, began)
+            return
+        except Exception as exc:  # noqa: BLE001 - a display fault stays with the display
+            log.warning("progress display failed (%s: %s); showing lines instead",
+                        type(exc).__name__, exc)
     say = emit or (lambda text: print(text, file=sys.stderr, flush=True))
     while True:
         await anyio.sleep(EVERY_S)

@@ -60,6 +60,29 @@ def test_a_pipe_gets_a_line_every_few_seconds(monkeypatch: pytest.MonkeyPatch) -
     assert lines[-1].split()[3].endswith("/1000")
 
 
+def test_a_terminal_whose_display_fails_still_gets_lines(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A fault of the display stays with the display: the round it watches goes on."""
+    async def broken(*_: object) -> None:
+        raise ImportError("no module named 'rich'")
+
+    monkeypatch.setattr(progress, "_rich", broken)
+    monkeypatch.setattr(progress, "EVERY_S", 0.01)
+    report, lines = report_at(500, 1000), []
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: progress.watch(report, "pulling from", "desk",
+                                                 terminal=True, emit=lines.append))
+            await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="logsync.progress"):
+        anyio.run(run)
+    assert lines and lines[0].startswith("pulling from desk: 500/1000 ops")
+    assert "progress display failed (ImportError" in caplog.text
+
+
 def test_the_daemon_saves_its_catch_up_and_status_shows_it(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
