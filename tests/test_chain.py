@@ -534,3 +534,46 @@ def test_an_op_as_served_chains_to_the_digest_stored_from_its_row(
                                chain.canonical_op(served_roundtrip, shas))
     assert digest == store.chain_digest(store.replica_id, op["origin_seq"])
     store.close()
+
+
+_any_value = st.one_of(
+    st.text(max_size=12), st.text(st.characters(categories=["Cs"]), min_size=1, max_size=2),
+    st.none(), st.just(""), st.integers(-3, 3), st.booleans(), st.floats(allow_nan=False),
+    st.binary(max_size=3))
+@st.composite
+def _row_args(draw: Any) -> tuple:
+    """A row a store could hold, with up to three of its values replaced by odd ones."""
+    values = [draw(st.text(max_size=8)) for _ in range(13)]
+    values += ["{}", draw(st.text(max_size=8)), draw(st.integers(0, 2**70)),
+               draw(st.text(max_size=8))]
+    for at in draw(st.lists(st.integers(0, 16), max_size=3)):
+        values[at] = draw(_any_value)
+    return tuple(values)
+
+
+def _outcome(fn: Any, args: tuple, artifacts: dict) -> Any:
+    try:
+        return fn(*args, artifacts)
+    except (TypeError, ValueError) as exc:  # the same kind of refusal, not its words
+        return type(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(args=_row_args(), artifacts=st.one_of(
+    st.just({}), st.dictionaries(st.text(max_size=6), st.one_of(st.none(), st.text(max_size=6)),
+                                 max_size=3)))
+def test_the_fast_writer_gives_the_reference_bytes_or_its_error(args: tuple,
+                                                                artifacts: dict) -> None:
+    """`canonical_row` (msgspec) against `canonical_row_reference` (the standard library)
+    for values of any type: text with lone surrogates, numbers, bytes, bools in text
+    fields. Each gives the same bytes, or both refuse."""
+    assert _outcome(chain.canonical_row, args, artifacts) == \
+        _outcome(chain.canonical_row_reference, args, artifacts)
+
+
+def test_the_fast_writer_escapes_every_code_point_as_json_dumps() -> None:
+    every = "".join(map(chr, [*range(0xD800), *range(0xE000, 0x110000)]))
+    args = ("id", "t", "s", "r", every, "a", None, None, None, None, None, every, "c", "{}",
+            "o", 1, "h")
+    assert chain.canonical_row(*args, {}) == chain.canonical_row_reference(*args, {})
+    assert chain._Canonical.__struct_fields__ == chain.CANONICAL_KEYS
