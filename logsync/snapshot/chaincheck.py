@@ -1,10 +1,10 @@
 """The fast check of every stored chain in a snapshot candidate (RFC 004 §9.6).
 
-Why: the reference recomputation (`store/audit.py`, `logsync verify`) builds every op's
-canonical bytes in Python, about 16 µs an op; a join of a large store spent most of its
-time there. Here SQLite writes the canonical bytes (`json_object` quotes strings with the
-same escapes as `json.dumps(..., ensure_ascii=False)`, in C and without the GIL), and
-Python only splices in the metadata (`chain.compact_metadata`, cached) and hashes.
+Why: the reference recomputation (`store/audit.py`, `logsync verify`) walks each origin
+op by op with its own reads; a join of a large store spent most of its time there. Here
+one query per seq range reads the rows, each op's canonical bytes are the reference's
+own (`chaining.canonical`, written by msgspec in C), and the ranges of one origin are
+independent, so nothing is recomputed twice.
 
 Each op is checked against the *stored* digest of the op below it: the stored digest of
 op n must equal SHA-256(stored digest of the held op below || canonical bytes of op n),
@@ -13,65 +13,33 @@ chain entry and there are no other entries, the stored chain is the recomputed o
 op by op (by induction), so an origin may be split into seq ranges checked in parallel.
 
 This check only ever *proves* an origin; it never reports a problem. Whatever it cannot
-prove (a digest that differs, a missing or extra entry, a value of an unexpected type, a
-store that is not UTF-8, a SQLite whose quoting differs from Python's) is left to the
-reference audit, which finds and names the first departure exactly as `logsync verify`
-does. An op that names artifacts, or whose values are not plain text, takes the
-reference's canonical bytes (`chaining.canonical`) for that op alone.
+prove (a digest that differs, a missing or extra entry, a seq that is not an integer, a
+text that is not UTF-8) is left to the reference audit, which finds and names the first
+departure exactly as `logsync verify` does. An op that names artifacts takes its
+artifacts' stored sha256s from one more read for that op alone.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import sqlite3
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from logsync.chain import (
-    CANONICAL_KEYS,
-    OPTIONAL_TEXT,
-    REQUIRED_TEXT,
     chain_start,
-    compact_metadata,
 )
 from logsync.store.audit import CHAIN_ORIGINS_SQL
 from logsync.store.chaining import ORIGINS_SQL, ROW_COLUMNS, canonical
 
 SPLIT_OPS = 4096  # an origin with more ops than this is checked in seq ranges
-METADATA_CACHE = 4096  # distinct metadata texts whose canonical bytes are kept
-_VALUE_SQL = {
-    **{k: f"e.{k}" for k in REQUIRED_TEXT},
-    **{k: f"nullif(e.{k}, '')" for k in OPTIONAL_TEXT},  # "" and NULL are both absent
-    "body": "coalesce(e.body, '')", "origin_seq": "e.origin_seq",
-    "artifacts": "json('[]')",  # an op that names artifacts takes the reference path
-}
-# Only plain text (optional fields: or NULL) and an integer seq take the SQL path:
-# json_object writes a number unquoted, where the reference writes its text.
-_GUARD_SQL = " AND ".join(
-    [f"typeof(e.{k}) = 'text'" for k in REQUIRED_TEXT]
-    + [f"typeof(e.{k}) IN ('text', 'null')" for k in (*OPTIONAL_TEXT, "body")]
-    + ["typeof(e.origin_seq) = 'integer'",
-       "NOT EXISTS (SELECT 1 FROM event_artifacts ea WHERE ea.event_id = e.id)"])
-
-
-def _object_sql(keys: Iterable[str]) -> str:
-    return "json_object(" + ", ".join(f"'{k}', {_VALUE_SQL[k]}" for k in keys) + ")"
-
-
-_SPLIT = CANONICAL_KEYS.index("metadata")
-# The canonical text before `,"metadata":` and after the `,` that follows the metadata:
-# the head's object ends with a quoted id, the tail's starts with a key, so one brace
-# comes off each. Python hashes head, `,"metadata":` + metadata + `,`, tail in turn.
-HEAD_SQL = f"rtrim({_object_sql(CANONICAL_KEYS[:_SPLIT])}, '}}')"
-TAIL_SQL = f"ltrim({_object_sql(CANONICAL_KEYS[_SPLIT + 1:])}, '{{')"
-_METADATA_KEY, _COMMA = b',"metadata":', b","
+NO_ARTIFACTS: dict[str, str | None] = {}
+_WIDTH, _SEQ = len(ROW_COLUMNS), ROW_COLUMNS.index("origin_seq")
 RANGE_SQL = (
-    f"SELECT e.origin_seq, CASE WHEN {_GUARD_SQL} THEN CAST({HEAD_SQL} AS BLOB) END, "
-    f"e.metadata_json, CAST({TAIL_SQL} AS BLOB), c.digest FROM events e "
+    f"SELECT {', '.join(f'e.{c}' for c in ROW_COLUMNS)}, c.digest, EXISTS (SELECT 1 FROM "
+    "event_artifacts ea WHERE ea.event_id = e.id) FROM events e "
     "LEFT JOIN logsync_chain c ON c.origin = e.origin_replica AND c.origin_seq = e.origin_seq "
     "WHERE e.origin_replica = ? AND e.origin_seq >= ? AND e.origin_seq <= ? "
     "ORDER BY e.origin_seq"
@@ -126,9 +94,6 @@ def _plan(path: Path, split: int, parts: int) -> dict[str, tuple[int, list[tuple
     integer) is left out: the reference audit names its first departure."""
     conn = _connect(path)
     try:
-        if not sqlite_quotes_like_python(conn) or \
-                str(conn.execute("PRAGMA encoding").fetchone()[0]) != "UTF-8":
-            return {}
         events = {r[0] for r in conn.execute(ORIGINS_SQL)}
         chained = {r[0] for r in conn.execute(CHAIN_ORIGINS_SQL)}
         plans: dict[str, tuple[int, list[tuple[int, int]]]] = {}
@@ -168,48 +133,28 @@ def _check_range(path: Path, origin: str, lo: int, hi: int) -> int:
         prev = chain_start(origin) if below is None else below[0]
         return _check_rows(conn, origin, prev, conn.execute(RANGE_SQL, (origin, lo, hi)))
     except (_Unproven, sqlite3.Error, ValueError, TypeError, AttributeError, RecursionError):
-        return -1  # e.g. json_object refuses a BLOB value: the reference audit decides
+        return -1  # e.g. a text that is not UTF-8: the reference audit decides
     finally:
         conn.close()
 
 
 def _check_rows(conn: sqlite3.Connection, origin: str, prev: Any,
                 rows: Iterable[tuple[Any, ...]]) -> int:
-    sha256, metadata_bytes, count, last = hashlib.sha256, _metadata_bytes, 0, None
-    for seq, head, meta, tail, stored in rows:
-        if type(stored) is not bytes or type(prev) is not bytes or \
+    sha256, count, last, width, seq_at = hashlib.sha256, 0, None, _WIDTH, _SEQ
+    for row in rows:
+        seq, stored = row[seq_at], row[width]
+        if type(stored) is not bytes or type(prev) is not bytes or type(seq) is not int or \
                 (last is not None and seq <= last):
             raise _Unproven
-        digest = sha256(prev)  # fed in pieces: no op-sized buffer is built to hash
-        if head is None:
-            digest.update(_reference_bytes(conn, origin, seq))
-        else:
-            if not (head.isascii() and tail.isascii()):
-                head.decode("utf-8"), tail.decode("utf-8")  # as strict as the reference
-            digest.update(head)
-            digest.update(_METADATA_KEY + metadata_bytes(meta) + _COMMA)
-            digest.update(tail)
-        if digest.digest() != stored:
+        data = _bytes_with_artifacts(conn, origin, seq) if row[width + 1] else \
+            canonical(row[:width], NO_ARTIFACTS)
+        if sha256(prev + data).digest() != stored:
             raise _Unproven
         prev, last, count = stored, seq, count + 1
     return count
 
 
-def _metadata_bytes(meta: Any) -> bytes:
-    """The canonical metadata bytes of a stored value, as `chaining.canonical` takes it."""
-    if not isinstance(meta, str):
-        return b"{}"
-    if len(meta) > 1024:
-        return compact_metadata(meta).encode("utf-8", "surrogatepass")
-    return _short_metadata_bytes(meta)
-
-
-@lru_cache(maxsize=METADATA_CACHE)
-def _short_metadata_bytes(meta: str) -> bytes:
-    return compact_metadata(meta).encode("utf-8", "surrogatepass")
-
-
-def _reference_bytes(conn: sqlite3.Connection, origin: str, seq: Any) -> bytes:
+def _bytes_with_artifacts(conn: sqlite3.Connection, origin: str, seq: Any) -> bytes:
     """One op's canonical bytes by the write path's own rule (`chaining.held_ops` pairs
     each op with the stored sha256 of every artifact it names)."""
     width, row, pairs = len(ROW_COLUMNS), None, {}
@@ -222,20 +167,3 @@ def _reference_bytes(conn: sqlite3.Connection, origin: str, seq: Any) -> bytes:
     if row is None:
         raise _Unproven
     return canonical(row, pairs)
-
-
-# Every ASCII character, the escapes' edge cases and multi-byte UTF-8.
-_PROBE = "".join(map(chr, range(128))) + "é\u2028\u00a0\U0001f600\\\"/"
-
-
-def sqlite_quotes_like_python(conn: sqlite3.Connection) -> bool:
-    """Whether this SQLite's `json_object` writes strings, NULLs and integers exactly as
-    `chain.canonical_row` does (it has since SQLite's JSON1; checked, not assumed)."""
-    try:
-        got = conn.execute("SELECT CAST(json_object('a', ?, 'b', NULL, 'c', ?, 'd', "
-                           "json('[]')) AS BLOB)", (_PROBE, -(2**63))).fetchone()[0]
-    except sqlite3.Error:
-        return False
-    want = json.dumps({"a": _PROBE, "b": None, "c": -(2**63), "d": []}, separators=(",", ":"),
-                      ensure_ascii=False).encode("utf-8")
-    return bytes(got) == want
