@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import httpx
-import msgpack
+import msgspec
 
 from logsync.errorcodes import reason_from_bytes
 from logsync.errors import (
@@ -44,6 +44,13 @@ def encoding_problem(headers: httpx.Headers) -> str | None:
 MAX_CONTAINERS = 1_000_000
 
 
+# msgspec decodes msgpack in about half the time of msgpack-python. It checks every
+# declared length against the bytes left before allocating, and refuses nesting past its
+# recursion limit and trailing bytes. Keys other than text (which msgpack allows) are
+# kept: the readers of an answer look keys up by name and refuse metadata holding them.
+_unpack = msgspec.msgpack.Decoder().decode
+
+
 def decode_answer(content_type: str, body: bytes | bytearray, where: str, peer: str) -> Any:
     """JSON or msgpack by content type, within bounds; anything undecodable is the peer's
     fault. Runs in a worker thread."""
@@ -57,11 +64,10 @@ def decode_answer(content_type: str, body: bytes | bytearray, where: str, peer: 
                 f"the bound is {MAX_CONTAINERS}", peer=peer)
     try:
         if packed:
-            return msgpack.unpackb(body, raw=False, max_array_len=MAX_CONTAINERS,
-                                   max_map_len=MAX_CONTAINERS)
+            return _unpack(body)
         if ctype in ("application/json", ""):
             return json.loads(body)
-    except (ValueError, RecursionError, msgpack.UnpackException) as exc:
+    except (ValueError, RecursionError, TypeError) as exc:  # msgspec.DecodeError: a ValueError
         raise PeerProtocolError(
             f"{where} sent a malformed {ctype or 'JSON'} body ({type(exc).__name__}): "
             f"{shorten(body[:80])}",

@@ -1,0 +1,71 @@
+"""`answers.decode_answer`: a peer's msgpack answer decodes to what msgpack-python gave
+for every well-formed body, and any other bytes end as one sentence naming the peer's
+fault, never another exception or an allocation the body's size does not pay for."""
+
+from __future__ import annotations
+
+import resource
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from logsync.answers import MSGPACK_TYPE, decode_answer
+from logsync.errors import PeerProtocolError, PeerTooLargeError
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
+                     st.floats(allow_nan=False), st.text(max_size=20), st.binary(max_size=8))
+_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4)
+                       | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+                       max_leaves=30)
+
+
+def decode(body: bytes) -> Any:
+    return decode_answer(MSGPACK_TYPE, body, "peer p: /sync/ops", "p")
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_values)
+def test_a_well_formed_body_decodes_as_msgpack_python_decoded_it(value: Any) -> None:
+    body = msgpack.packb(value, use_bin_type=True)
+    assert decode(body) == msgpack.unpackb(body, raw=False, strict_map_key=False) == value
+
+
+@pytest.mark.parametrize("body", [
+    b"\xdd\xff\xff\xff\xff",  # an array of 4 294 967 295 items, in 5 bytes
+    b"\xdf\xff\xff\xff\xff",  # a map of as many pairs
+    b"\xdb\xff\xff\xff\xff",  # a 4 GiB string
+    b"\xc6\xff\xff\xff\xff",  # a 4 GiB binary
+    b"\xc9\xff\xff\xff\xff\x01",  # a 4 GiB extension
+    b"\x91" * 200_000 + b"\xc0",  # nested 200 000 deep
+    b"\xc0\xc0",  # trailing bytes
+    b"\x81\x81\xa1a\x01\x02",  # a map as a map key
+    b"",
+], ids=["array32", "map32", "str32", "bin32", "ext32", "deep", "trailing", "map-key", "empty"])
+def test_a_malformed_body_is_one_sentence_without_a_large_allocation(body: bytes) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    used = _address_space()
+    resource.setrlimit(resource.RLIMIT_AS, (used + 512 * 1024 * 1024, hard))
+    try:
+        with pytest.raises((PeerProtocolError, PeerTooLargeError)) as refused:
+            decode(body)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("peer p: /sync/ops "), message
+
+
+@settings(max_examples=400, deadline=None)
+@given(body=st.binary(max_size=64))
+def test_any_bytes_decode_or_are_refused_as_the_peers_fault(body: bytes) -> None:
+    try:
+        decode(body)
+    except (PeerProtocolError, PeerTooLargeError) as exc:
+        assert "\n" not in str(exc)
+
+
+def _address_space() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[0]) * resource.getpagesize()
