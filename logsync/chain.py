@@ -217,9 +217,11 @@ def canonical_row(
 
     msgspec writes the object in C, about a quarter of the time of the standard library.
     Its string escaping is `json.dumps`'s with ``ensure_ascii=False`` (tests check every
-    code point); a value of another type than a validated row holds, or text with a lone
-    surrogate (which msgspec refuses to encode), takes `canonical_row_reference`, so
-    every input gives exactly that function's bytes, or its error.
+    code point; `_FAST` says whether the installed msgspec still writes the reference's
+    bytes, checked at import); a value of another type than a validated row holds, or text
+    with a lone surrogate (which msgspec refuses to encode), takes
+    `canonical_row_reference`, so every input gives exactly that function's bytes, or its
+    error.
     """
     body = body or ""
     try:
@@ -228,19 +230,33 @@ def canonical_row(
         "".join((id, type, stream, room, from_agent, created_at, origin_replica, hlc,
                  topic or "", to_agent or "", correlation_id or "", branch or "",
                  base_commit or "", status or ""))
-        if _type_of(origin_seq) is int and _type_of(body) is str and \
+        if _FAST and _type_of(origin_seq) is int and _type_of(body) is str and \
                 _type_of(metadata) is str:
-            return _encode_canonical(_Canonical(
-                [[a, artifacts[a]] for a in sorted(artifacts)] if artifacts else _NO_ARTIFACTS,
-                base_commit or None, body, branch or None, correlation_id or None, created_at,
-                from_agent, hlc, id, msgspec.Raw(metadata), origin_replica, origin_seq, room,
-                status or None, stream, to_agent or None, topic or None, type))
+            return _canonical_fast(
+                id, type, stream, room, topic, from_agent, to_agent, correlation_id, branch,
+                base_commit, status, body, created_at, metadata, origin_replica, origin_seq,
+                hlc, artifacts)
     except (UnicodeEncodeError, TypeError):  # a lone surrogate; a number in a text field
         pass
     return canonical_row_reference(
         id, type, stream, room, topic, from_agent, to_agent, correlation_id, branch,
         base_commit, status, body, created_at, metadata, origin_replica, origin_seq, hlc,
         artifacts)
+
+
+def _canonical_fast(
+    id: str, type: str, stream: str, room: str, topic: str | None, from_agent: str,
+    to_agent: str | None, correlation_id: str | None, branch: str | None,
+    base_commit: str | None, status: str | None, body: str, created_at: str,
+    metadata: str, origin_replica: str, origin_seq: int, hlc: str,
+    artifacts: Mapping[str, str | None],
+) -> bytes:
+    """msgspec's bytes for values of the types a validated row holds (nothing checked)."""
+    return _encode_canonical(_Canonical(
+        [[a, artifacts[a]] for a in sorted(artifacts)] if artifacts else _NO_ARTIFACTS,
+        base_commit or None, body or "", branch or None, correlation_id or None, created_at,
+        from_agent, hlc, id, msgspec.Raw(metadata), origin_replica, origin_seq, room,
+        status or None, stream, to_agent or None, topic or None, type))
 
 
 def canonical_row_reference(
@@ -281,6 +297,29 @@ def canonical_row_reference(
         ',"type":', q(type),
         "}",
     )).encode("utf-8", "surrogatepass")
+
+
+def _fast_writes_the_reference() -> bool:
+    """Whether this msgspec writes what the reference does for every character class
+    the rule names (every ASCII character, DEL, U+2028, multi-byte and astral text),
+    empty and absent fields, artifacts and the largest seq. Checked once at import, not
+    assumed: a msgspec release that escaped otherwise would fork every chain, so the
+    reference then writes every op."""
+    text = "".join(map(chr, range(128))) + "\u00e9\u2028\u00a0\U0001f600\\\"/"
+    cases = [(text, "", None, text, {"art_a": "0" * 64, "art_b": None}, 2**62),
+             ("a", text, text, "", {}, 1)]
+    for label, optional, absent, body, artifacts, seq in cases:
+        args = (label, label, label, label, optional, label, absent, optional, absent,
+                optional, absent, body, label, '{"k":[1,2.5,null]}', label, seq, label)
+        try:
+            if _canonical_fast(*args, artifacts) != canonical_row_reference(*args, artifacts):
+                return False
+        except (TypeError, ValueError):
+            return False
+    return True
+
+
+_FAST = _fast_writes_the_reference()
 
 
 CACHED_METADATA_CHARS = 1024  # only short texts are cached: 4096 of them hold tens of MiB at most

@@ -577,3 +577,20 @@ def test_the_fast_writer_escapes_every_code_point_as_json_dumps() -> None:
             "o", 1, "h")
     assert chain.canonical_row(*args, {}) == chain.canonical_row_reference(*args, {})
     assert chain._Canonical.__struct_fields__ == chain.CANONICAL_KEYS
+
+
+def test_a_msgspec_that_escapes_otherwise_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The import-time probe: this msgspec writes the reference's bytes; one that escaped
+    U+2028 (as some JSON writers do) or wrote ``/`` as ``\\/`` would be refused, and the
+    reference would write every op."""
+    assert chain._FAST and chain._fast_writes_the_reference()
+    real = chain._encode_canonical
+    for other in (lambda v: real(v).replace("\u2028".encode(), b"\\u2028"),
+                  lambda v: real(v).replace(b"/", b"\\/"),
+                  lambda v: real(v).replace(b"\x7f", b"\\u007f")):
+        monkeypatch.setattr(chain, "_encode_canonical", other)
+        assert not chain._fast_writes_the_reference()
+    monkeypatch.setattr(chain, "_FAST", False)
+    args = ("id", "t", "s", "r", None, "a", None, None, None, None, None, "b\u2028", "c", "{}",
+            "o", 1, "h")
+    assert chain.canonical_row(*args, {}) == chain.canonical_row_reference(*args, {})
