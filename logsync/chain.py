@@ -202,6 +202,7 @@ class _Canonical(msgspec.Struct, gc=False):
 
 _encode_canonical = msgspec.json.Encoder().encode
 _NO_ARTIFACTS = msgspec.Raw(b"[]")
+_FAST = True  # until `_fast_writes_the_reference` (below) has looked
 
 
 def canonical_row(
@@ -232,10 +233,11 @@ def canonical_row(
                  base_commit or "", status or ""))
         if _FAST and _type_of(origin_seq) is int and _type_of(body) is str and \
                 _type_of(metadata) is str:
-            return _canonical_fast(
-                id, type, stream, room, topic, from_agent, to_agent, correlation_id, branch,
-                base_commit, status, body, created_at, metadata, origin_replica, origin_seq,
-                hlc, artifacts)
+            return _encode_canonical(_Canonical(
+                [[a, artifacts[a]] for a in sorted(artifacts)] if artifacts else _NO_ARTIFACTS,
+                base_commit or None, body, branch or None, correlation_id or None, created_at,
+                from_agent, hlc, id, msgspec.Raw(metadata), origin_replica, origin_seq, room,
+                status or None, stream, to_agent or None, topic or None, type))
     except (UnicodeEncodeError, TypeError):  # a lone surrogate; a number in a text field
         pass
     return canonical_row_reference(
@@ -244,36 +246,17 @@ def canonical_row(
         artifacts)
 
 
-def _canonical_fast(
-    id: str, type: str, stream: str, room: str, topic: str | None, from_agent: str,
-    to_agent: str | None, correlation_id: str | None, branch: str | None,
-    base_commit: str | None, status: str | None, body: str, created_at: str,
-    metadata: str, origin_replica: str, origin_seq: int, hlc: str,
-    artifacts: Mapping[str, str | None],
-) -> bytes:
-    """msgspec's bytes for values of the types a validated row holds (nothing checked)."""
-    return _encode_canonical(_Canonical(
-        [[a, artifacts[a]] for a in sorted(artifacts)] if artifacts else _NO_ARTIFACTS,
-        base_commit or None, body or "", branch or None, correlation_id or None, created_at,
-        from_agent, hlc, id, msgspec.Raw(metadata), origin_replica, origin_seq, room,
-        status or None, stream, to_agent or None, topic or None, type))
-
-
-def canonical_row_reference(
-    id: str, type: str, stream: str, room: str, topic: str | None, from_agent: str,
-    to_agent: str | None, correlation_id: str | None, branch: str | None,
-    base_commit: str | None, status: str | None, body: str | None, created_at: str,
-    metadata: str, origin_replica: str, origin_seq: int, hlc: str,
-    artifacts: Mapping[str, str | None],
-) -> bytes:
-    """`canonical_row` by the standard library alone: the rule as written, and the
-    answer for any value the fast path does not take (it raises TypeError for a number
-    in a text field, as `json.dumps` would).
+def canonical_row_reference(*fields: Any) -> bytes:
+    """`canonical_row` (the same 18 arguments) by the standard library alone: the rule as
+    written, and the answer for any value the fast path does not take (it raises
+    TypeError for a number in a text field, as `json.dumps` would).
 
     The keys are fixed, so the object is written key by key in sorted order with the
     JSON encoder's own string escaping: the bytes ``json.dumps`` of the whole dict with
     the module's options produces, without building and sorting a dict per op.
     """
+    (id, type, stream, room, topic, from_agent, to_agent, correlation_id, branch, base_commit,
+     status, body, created_at, metadata, origin_replica, origin_seq, hlc, artifacts) = fields
     q = _quote
     return "".join((
         '{"artifacts":', _encode([[a, artifacts[a]] for a in sorted(artifacts)])
@@ -302,9 +285,9 @@ def canonical_row_reference(
 def _fast_writes_the_reference() -> bool:
     """Whether this msgspec writes what the reference does for every character class
     the rule names (every ASCII character, DEL, U+2028, multi-byte and astral text),
-    empty and absent fields, artifacts and the largest seq. Checked once at import, not
-    assumed: a msgspec release that escaped otherwise would fork every chain, so the
-    reference then writes every op."""
+    empty and absent fields, artifacts and the largest seq. Checked once at import (while
+    `_FAST` is still set), not assumed: a msgspec release that escaped otherwise would
+    fork every chain, so the reference then writes every op."""
     text = "".join(map(chr, range(128))) + "\u00e9\u2028\u00a0\U0001f600\\\"/"
     cases = [(text, "", None, text, {"art_a": "0" * 64, "art_b": None}, 2**62),
              ("a", text, text, "", {}, 1)]
@@ -312,7 +295,7 @@ def _fast_writes_the_reference() -> bool:
         args = (label, label, label, label, optional, label, absent, optional, absent,
                 optional, absent, body, label, '{"k":[1,2.5,null]}', label, seq, label)
         try:
-            if _canonical_fast(*args, artifacts) != canonical_row_reference(*args, artifacts):
+            if canonical_row(*args, artifacts) != canonical_row_reference(*args, artifacts):
                 return False
         except (TypeError, ValueError):
             return False

@@ -42,20 +42,27 @@ def test_a_line_says_counts_rate_and_time_left() -> None:
     assert progress.rate_and_eta(0, 10, 0.0) == (0.0, None)
 
 
-def test_a_pipe_gets_a_line_every_few_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(progress, "EVERY_S", 0.01)
-    report, lines = report_at(0, 1000), []
+def watched_lines(report: RoundReport, *, terminal: bool, steps: int) -> list[str]:
+    """The lines `progress.watch` emits over `steps` short sleeps, each step moving the
+    report's origin 200 ops on."""
+    lines: list[str] = []
 
     async def run() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: progress.watch(report, "pulling from", "desk",
-                                                 terminal=False, emit=lines.append))
-            for step in range(1, 6):
+                                                 terminal=terminal, emit=lines.append))
+            for step in range(1, steps + 1):
                 await anyio.sleep(0.03)
-                report.origins["rep_" + "a" * 32].reached = 100 + 200 * step
+                report.origins["rep_" + "a" * 32].reached += 200 * (step > 1)
             tg.cancel_scope.cancel()
 
     anyio.run(run)
+    return lines
+
+
+def test_a_pipe_gets_a_line_every_few_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress, "EVERY_S", 0.01)
+    lines = watched_lines(report_at(200, 1000), terminal=False, steps=5)
     assert lines and all(ln.startswith("pulling from desk: ") for ln in lines)
     assert lines[-1].split()[3].endswith("/1000")
 
@@ -68,17 +75,8 @@ def test_a_terminal_whose_display_fails_still_gets_lines(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(progress, "_rich", broken)
     monkeypatch.setattr(progress, "EVERY_S", 0.01)
-    report, lines = report_at(500, 1000), []
-
-    async def run() -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: progress.watch(report, "pulling from", "desk",
-                                                 terminal=True, emit=lines.append))
-            await anyio.sleep(0.05)
-            tg.cancel_scope.cancel()
-
     with caplog.at_level(logging.WARNING, logger="logsync.progress"):
-        anyio.run(run)
+        lines = watched_lines(report_at(500, 1000), terminal=True, steps=1)
     assert lines and lines[0].startswith("pulling from desk: 500/1000 ops")
     assert "progress display failed (ImportError" in caplog.text
 
