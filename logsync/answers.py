@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import httpx
+import msgpack
 import msgspec
 
 from logsync.errorcodes import reason_from_bytes
@@ -48,7 +49,11 @@ MAX_CONTAINERS = 1_000_000
 # declared length against the bytes left before allocating, and refuses nesting past its
 # recursion limit and trailing bytes. Keys other than text (which msgpack allows) are
 # kept: the readers of an answer look keys up by name and refuse metadata holding them.
-_unpack = msgspec.msgpack.Decoder().decode
+# An extension value decodes to msgpack-python's `ExtType` (code and bytes): msgspec's own
+# `Ext` shows its address in its repr, so a refused op's quarantine payload would differ
+# every round, and its row would never be found again to count.
+_unpack = msgspec.msgpack.Decoder(
+    ext_hook=lambda code, data: msgpack.ExtType(code, bytes(data))).decode
 
 
 def decode_answer(content_type: str, body: bytes | bytearray, where: str, peer: str) -> Any:
@@ -68,8 +73,9 @@ def decode_answer(content_type: str, body: bytes | bytearray, where: str, peer: 
         if ctype in ("application/json", ""):
             return json.loads(body)
     except (ValueError, RecursionError, TypeError) as exc:  # msgspec.DecodeError: a ValueError
+        kind = "DecodeError" if isinstance(exc, msgspec.MsgspecError) else type(exc).__name__
         raise PeerProtocolError(
-            f"{where} sent a malformed {ctype or 'JSON'} body ({type(exc).__name__}): "
+            f"{where} sent a malformed {ctype or 'JSON'} body ({kind}): "
             f"{shorten(body[:80])}",
             peer=peer,
         ) from None

@@ -221,8 +221,9 @@ def canonical_row(
     code point; `_FAST` says whether the installed msgspec still writes the reference's
     bytes, checked at import); a value of another type than a validated row holds, or text
     with a lone surrogate (which msgspec refuses to encode), takes
-    `canonical_row_reference`, so every input gives exactly that function's bytes, or its
-    error.
+    `canonical_row_reference`, and the artifacts (rare, and of any type in a file another
+    program wrote) are written by the reference's own encoder, so every input gives
+    exactly that function's bytes, or its error.
     """
     body = body or ""
     try:
@@ -233,8 +234,9 @@ def canonical_row(
                  base_commit or "", status or ""))
         if _FAST and _type_of(origin_seq) is int and _type_of(body) is str and \
                 _type_of(metadata) is str:
-            return _encode_canonical(_Canonical(
-                [[a, artifacts[a]] for a in sorted(artifacts)] if artifacts else _NO_ARTIFACTS,
+            return _encode_canonical(_Canonical(  # artifacts: the reference's own writer
+                msgspec.Raw(_encode([[a, artifacts[a]] for a in sorted(artifacts)]))
+                if artifacts else _NO_ARTIFACTS,
                 base_commit or None, body, branch or None, correlation_id or None, created_at,
                 from_agent, hlc, id, msgspec.Raw(metadata), origin_replica, origin_seq, room,
                 status or None, stream, to_agent or None, topic or None, type))

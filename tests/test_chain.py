@@ -558,15 +558,25 @@ def _outcome(fn: Any, args: tuple, artifacts: dict) -> Any:
         return type(exc)
 
 
+_odd_scalar = st.one_of(st.none(), st.text(max_size=6), st.binary(max_size=3),
+                       st.floats(), st.just(1e16), st.integers(-3, 3), st.booleans())
+_artifacts = st.one_of(
+    st.just({}),
+    st.dictionaries(st.text(max_size=6), st.one_of(st.none(), st.text(max_size=6)), max_size=3),
+    st.dictionaries(st.one_of(st.text(max_size=6), st.binary(max_size=3), st.integers(0, 3)),
+                    st.one_of(_odd_scalar, st.lists(_odd_scalar, max_size=2),
+                              st.dictionaries(st.text(max_size=3), _odd_scalar, max_size=2)),
+                    max_size=3))
+
+
 @settings(max_examples=400, deadline=None)
-@given(args=_row_args(), artifacts=st.one_of(
-    st.just({}), st.dictionaries(st.text(max_size=6), st.one_of(st.none(), st.text(max_size=6)),
-                                 max_size=3)))
+@given(args=_row_args(), artifacts=_artifacts)
 def test_the_fast_writer_gives_the_reference_bytes_or_its_error(args: tuple,
                                                                 artifacts: dict) -> None:
     """`canonical_row` (msgspec) against `canonical_row_reference` (the standard library)
     for values of any type: text with lone surrogates, numbers, bytes, bools in text
-    fields. Each gives the same bytes, or both refuse."""
+    fields; artifact ids and sha256s of any type (bytes, NaN, 1e16, nested objects).
+    Each gives the same bytes, or both refuse."""
     assert _outcome(chain.canonical_row, args, artifacts) == \
         _outcome(chain.canonical_row_reference, args, artifacts)
 

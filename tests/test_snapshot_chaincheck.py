@@ -226,6 +226,47 @@ def test_planted_defects_are_never_proven(scratch: Path) -> None:
     assert prove_chains(scratch.with_name("null.sqlite3")) == set()
 
 
+def _msgspec_artifacts(row: tuple, pairs: dict) -> bytes:
+    """The bytes a writer that hands the artifacts to msgspec unchecked would hash: bytes
+    as base64, floats as msgspec writes them (`1e16`, where the reference refuses or
+    writes `1e+16`)."""
+    import msgspec
+
+    return canonical(row, {}).replace(b'"artifacts":[]', b'"artifacts":' + msgspec.json.encode(
+        [[a, pairs[a]] for a in sorted(pairs)]), 1)
+
+
+@pytest.mark.parametrize("artifact, sha", [(b"art", None), ("art_x", b"\x01" * 32),
+                                           ("art_x", 1e16)],
+                         ids=["blob-id", "blob-sha", "real-sha"])
+def test_artifacts_of_other_types_are_never_proven_by_another_rendering(
+        scratch: Path, artifact: object, sha: object) -> None:
+    """An artifact link or sha256 of a type no validated store holds (a peer's file is
+    the peer's to write; `artifacts.sha256` redeclared without affinity keeps a REAL),
+    chained with another writer's bytes for it: not proven."""
+    conn = new_store(scratch)
+    conn.execute("PRAGMA writable_schema=ON")
+    sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'artifacts'").fetchone()[0]
+    conn.execute("UPDATE sqlite_master SET sql = ? WHERE name = 'artifacts'",
+                 (sql.replace("sha256 TEXT", "sha256 BLOB"),))
+    conn.execute("PRAGMA writable_schema=OFF")
+    conn.close()
+    conn = sqlite3.connect(scratch, isolation_level=None)
+    insert_ops(conn, _plain_ops(3))
+    conn.execute("INSERT INTO event_artifacts (event_id, artifact_id) VALUES ('evt1#2', ?)",
+                 (artifact,))
+    if sha is not None:
+        conn.execute("INSERT INTO artifacts (id, kind, sha256, size_bytes, content, created_by, "
+                     "created_at) VALUES (?, 'patch', ?, 0, '', 'a', 't')", (artifact, sha))
+    row = conn.execute(f"SELECT {', '.join(ROW_COLUMNS)} FROM events WHERE origin_seq = 2"
+                       ).fetchone()
+    _forge_from(conn, 2, lambda seq: _msgspec_artifacts(row, {artifact: sha}) if seq == 2 else
+                canonical(conn.execute(f"SELECT {', '.join(ROW_COLUMNS)} FROM events WHERE "
+                                       "origin_seq = ?", (seq,)).fetchone(), {}))
+    conn.close()
+    assert prove_chains(scratch) == set()
+
+
 def test_missing_extra_and_reordered_entries_are_left_to_the_reference(scratch: Path) -> None:
     conn = new_store(scratch)
     insert_ops(conn, _plain_ops(12))
