@@ -259,7 +259,14 @@ def sha256_hex(content: str) -> str:
 
 
 def utc_now_iso(now_ms: int) -> str:
-    return datetime.fromtimestamp(now_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The second of `now_ms` as `created_at` text (every apply stamps its rows with it:
+    the text of the last few seconds is kept)."""
+    return _iso_second(now_ms // 1000)
+
+
+@lru_cache(maxsize=64)
+def _iso_second(second: int) -> str:
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def strip_routing(fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -404,3 +404,13 @@ def test_fast_remote_validation_agrees_with_the_field_by_field_rules(
             model.validate_remote_event(op)
     else:
         assert model.validate_remote_event(op) == careful
+
+
+@settings(max_examples=300, deadline=None)
+@given(now_ms=st.integers(-(10**13), 253402300799999))
+def test_utc_now_iso_is_the_second_of_the_instant(now_ms: int) -> None:
+    """Cached by second; the text is the floor of the instant, before 1970 too."""
+    from datetime import UTC, datetime, timedelta
+
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=now_ms)
+    assert model.utc_now_iso(now_ms) == moment.strftime("%Y-%m-%dT%H:%M:%SZ")
