@@ -28,14 +28,12 @@ from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any
 
-from logsync.chain import (
-    chain_start,
-)
+from logsync.chain import chain_start
 from logsync.store.audit import CHAIN_ORIGINS_SQL
 from logsync.store.chaining import ORIGINS_SQL, ROW_COLUMNS, canonical
 
 SPLIT_OPS = 4096  # an origin with more ops than this is checked in seq ranges
-NO_ARTIFACTS: dict[str, str | None] = {}
+_NO_ARTIFACTS: dict[str, str | None] = {}  # never written: `canonical` only reads it
 _WIDTH, _SEQ = len(ROW_COLUMNS), ROW_COLUMNS.index("origin_seq")
 RANGE_SQL = (
     f"SELECT {', '.join(f'e.{c}' for c in ROW_COLUMNS)}, c.digest, EXISTS (SELECT 1 FROM "
@@ -147,7 +145,7 @@ def _check_rows(conn: sqlite3.Connection, origin: str, prev: Any,
                 (last is not None and seq <= last):
             raise _Unproven
         data = _bytes_with_artifacts(conn, origin, seq) if row[width + 1] else \
-            canonical(row[:width], NO_ARTIFACTS)
+            canonical(row[:width], _NO_ARTIFACTS)
         if sha256(prev + data).digest() != stored:
             raise _Unproven
         prev, last, count = stored, seq, count + 1
