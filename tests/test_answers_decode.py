@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logsync.answers import MSGPACK_TYPE, decode_answer
+from logsync.answers import MAX_CONTAINERS, MSGPACK_TYPE, count_containers, decode_answer
 from logsync.errors import PeerProtocolError, PeerTooLargeError
 
 _scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
@@ -78,3 +78,37 @@ def test_an_extension_value_decodes_as_msgpack_python_decoded_it() -> None:
     assert decode(body) == msgpack.unpackb(body, raw=False) == {
         "a": [msgpack.ExtType(5, b"zz")]}
     assert repr(decode(body)) == repr(decode(body))
+
+
+def test_the_content_type_is_read_before_its_parameters() -> None:
+    body = msgpack.packb({"a": 1})
+    assert decode_answer("Application/MsgPack; charset=binary", body, "w", "p") == {"a": 1}
+    assert decode_answer("application/json; charset=utf-8", b'{"a": 1}', "w", "p") == {"a": 1}
+
+
+def test_a_malformed_body_names_its_decoder_and_type() -> None:
+    with pytest.raises(PeerProtocolError, match=r"malformed application/msgpack body "
+                                                r"\(DecodeError\): "):
+        decode(b"\xc1")  # never used in msgpack
+    with pytest.raises(PeerProtocolError, match=r"malformed JSON body \(JSONDecodeError\)"):
+        decode_answer("", b"{", "w", "p")  # no content type: read as JSON
+
+
+@pytest.mark.parametrize("marker", [0x80, 0x8F, 0x90, 0x9F, 0xDC, 0xDD, 0xDE, 0xDF])
+def test_every_msgpack_container_marker_counts(marker: int) -> None:
+    assert count_containers(bytes([marker]) * 7, True) == 7
+    assert count_containers(bytes([0xA0, 0xC0, 0x7F, marker]), True) == 1
+
+
+def test_json_counts_arrays_and_objects_together() -> None:
+    assert count_containers(b'[{"a": [{}]}, "{["]', False) == 6
+
+
+def test_the_container_bound_is_inclusive() -> None:
+    """Exactly MAX_CONTAINERS passes (here brackets inside one string, which the count
+    takes as containers); one more is refused before decoding."""
+    half = MAX_CONTAINERS // 2
+    exact = b'"' + b"[" * half + b"{" * (MAX_CONTAINERS - half) + b'"'
+    assert len(decode_answer("application/json", exact, "w", "p")) == MAX_CONTAINERS
+    with pytest.raises(PeerTooLargeError, match=f"up to {MAX_CONTAINERS + 1} arrays"):
+        decode_answer("application/json", exact[:-1] + b'{"', "w", "p")
