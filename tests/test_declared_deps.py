@@ -13,6 +13,7 @@ import ast
 import os
 import pty
 import re
+import select
 import subprocess
 import sys
 import time
@@ -89,7 +90,9 @@ def _read_until_exit(fd: int, proc: subprocess.Popen[bytes], deadline: float) ->
     """All the terminal showed, read until the child exits and the pty is drained."""
     chunks: list[bytes] = []
     try:
-        while time.monotonic() < deadline:
+        while (left := deadline - time.monotonic()) > 0:
+            if not select.select([fd], [], [], min(left, 1.0))[0]:
+                continue  # a silent child is waited for only until the deadline
             try:
                 data = os.read(fd, 65536)
             except OSError:  # EIO: every writer closed the pty
