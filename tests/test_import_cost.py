@@ -1,0 +1,41 @@
+"""What starting a logsync process imports: never httpx's own command-line client.
+
+Why: httpx's package imports `httpx._main` (click, rich, pygments: ~80 ms) whenever those
+are installed, and rich is a logsync dependency; every `logsync` command, daemon and
+joiner paid for a CLI it never runs. `logsync/__init__.py` marks that module absent.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+PROBE = (
+    "import sys, json, {module}, httpx\n"
+    "print(json.dumps({{'loaded': [m for m in ('httpx._main', 'pygments', 'rich.console')"
+    " if sys.modules.get(m) is not None], 'main': callable(httpx.main),"
+    " 'client': hasattr(httpx, 'Client')}}))\n"
+)
+
+
+def _probe(module: str) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", PROBE.format(module=module)], check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    return json.loads(out)
+
+
+def test_the_sync_path_never_imports_httpx_command_line_client() -> None:
+    for module in ("logsync.cli", "logsync.client", "logsync.snapshot.joining",
+                   "logsync.daemon"):
+        got = _probe(module)
+        assert got == {"loaded": [], "main": True, "client": True}, module
+
+
+def test_httpx_imported_first_is_left_as_it_is() -> None:
+    """A program that imported httpx before logsync keeps httpx exactly as it loaded."""
+    code = ("import httpx, sys; had = sys.modules.get('httpx._main') is not None; "
+            "import logsync.client; print(had == (sys.modules.get('httpx._main') is not None))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=60).stdout
+    assert out.strip() == "True"
