@@ -118,6 +118,7 @@ class FakePeer:
         self.body: bytes | None = None
         self.stall: bytes | None = None
         self.advertise = True
+        self.headers: list[tuple[bytes, bytes]] = []  # sent with `body` or `stall`
         self.snapshot_requests = 0
         self.server = ThreadServer(self)
 
@@ -134,7 +135,7 @@ class FakePeer:
     async def _send_raw(self, send: Any, data: bytes) -> None:
         size = len(data) if self.stall is None else len(data) * 2
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-length", str(size).encode())]})
+                    "headers": [(b"content-length", str(size).encode()), *self.headers]})
         await send({"type": "http.response.body", "body": data, "more_body": True})
         if self.stall is not None:
             await anyio.sleep(WAIT_S)

@@ -8,6 +8,11 @@ about half again the CPU per byte), and hashing and writing run on a thread of t
 (both release the GIL), so they overlap the socket reads instead of adding to them. The
 file is not fsynced here: the joiner fsyncs the candidate before it installs it, and a
 file that is never installed need not be durable.
+
+The joiner asks for zstd; an answer so encoded is decoded as it arrives, at most
+`INFLATE_CHUNK` bytes at a time and in a window of at most `ZSTD_MAX_WINDOW`, so every
+bound above holds for the decoded bytes; the deadline is checked on every chunk received,
+so a stream that decodes to nothing (skippable frames) still ends.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ import queue
 import re
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import zstandard
 
 from logsync import __version__
 from logsync.answers import (
@@ -35,12 +42,18 @@ from logsync.errorcodes import ERRORS_CODED, ERRORS_HEADER
 from logsync.errors import PeerProtocolError, PeerTooLargeError
 from logsync.fetchpolicy import FetchPolicy, PeerDeadlineError
 from logsync.ids import is_replica_id
-from logsync.snapshot import MAX_PREAMBLE_BYTES, SNAPSHOT_FORMAT, SNAPSHOT_PATH
+from logsync.snapshot import (
+    MAX_PREAMBLE_BYTES,
+    SNAPSHOT_FORMAT,
+    SNAPSHOT_PATH,
+    ZSTD_MAX_WINDOW,
+)
 
 MIN_RATE = 1024 * 1024  # bytes per second a download must average past its base deadline
 MAX_QUEUED = 8 * 1024 * 1024  # bytes received but not yet hashed and written
 BASE_DEADLINE_S = 60.0  # a download must end within this plus a second per MIN_RATE bytes
 ERROR_BODY_BYTES = 64 * 1024  # of a non-200 answer, read for its message
+INFLATE_CHUNK = 1024 * 1024  # decoded bytes handed on at a time
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -86,15 +99,53 @@ def download_snapshot(http: httpx.Client, dest: Path, max_bytes: int, *, name: s
     where = f"peer {name}: GET {SNAPSHOT_PATH}"
     receiver = Receiver(dest, max_bytes, where, name, base_deadline_s)
     try:
-        with http.stream("GET", SNAPSHOT_PATH) as response:
+        with http.stream("GET", SNAPSHOT_PATH, headers={"Accept-Encoding": "zstd"}) as response:
             if response.status_code != 200:
                 raise _status_error(response, where, name)
+            coding = response.headers.get("content-encoding", "").strip().lower()
+            if coding not in ("", "identity", "zstd"):
+                raise PeerProtocolError(f"{where} sent a {coding[:30]!r}-encoded answer; "
+                                        "only zstd or identity was asked for", peer=name)
+            chunks = receiver.timed(response.iter_raw())
             with receiver:
-                for chunk in response.iter_raw():
+                for chunk in inflate(chunks, where, name) if coding == "zstd" else chunks:
                     receiver.feed(chunk)
             return receiver.finish()
     except (httpx.HTTPError, httpx.StreamError) as exc:
         raise translate_transport(exc, where, name) from None
+
+
+def inflate(chunks: Iterator[bytes], where: str, peer: str) -> Iterator[bytes]:
+    """The zstd stream `chunks` decoded, at most `INFLATE_CHUNK` bytes at a time; a stream
+    that does not decode, or needs a window past `ZSTD_MAX_WINDOW`, is refused in one
+    sentence."""
+    decoder = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
+    reader = decoder.stream_reader(_ChunkReader(chunks), read_across_frames=True)
+    try:
+        while out := reader.read(INFLATE_CHUNK):
+            yield out
+    except zstandard.ZstdError as exc:
+        raise PeerProtocolError(f"{where}: its zstd stream does not decode ({exc})",
+                                peer=peer) from None
+
+
+class _ChunkReader:
+    """`read(size)` over an iterator of byte chunks (what zstd's stream reader pulls)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks, self._rest = chunks, b""
+
+    def read(self, size: int = -1) -> bytes:
+        while not self._rest:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return b""
+            self._rest = chunk
+        if 0 <= size < len(self._rest):
+            out, self._rest = self._rest[:size], self._rest[size:]
+            return out
+        out, self._rest = self._rest, b""
+        return out
 
 
 def _status_error(response: httpx.Response, where: str, peer: str) -> Exception:
@@ -134,9 +185,19 @@ class Receiver:
         finally:
             self._out.close()
 
-    def feed(self, chunk: bytes) -> None:
+    def timed(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        """`chunks`, each let through only within the deadline (what arrives, encoded or
+        not, is checked, not only what it decodes to)."""
+        for chunk in chunks:
+            self.check_deadline()
+            yield chunk
+
+    def check_deadline(self) -> None:
         if time.monotonic() > self.deadline:
             raise PeerDeadlineError(f"{self.where} did not finish in time", peer=self.peer)
+
+    def feed(self, chunk: bytes) -> None:
+        self.check_deadline()
         if self.preamble is None:
             self._head += chunk
             line, found, rest = bytes(self._head).partition(b"\n")

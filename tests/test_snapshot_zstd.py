@@ -1,0 +1,224 @@
+"""Snapshots sent zstd-compressed (RFC 004 §7.6): asked for by the joiner, the same body as
+the plain answer, and every bound of the plain download kept for the decoded bytes.
+
+A hostile or broken server may label anything zstd: a stream that does not decode, one
+whose window would take a joiner's memory, one that decodes to far more than it announced
+(a bomb), one that decodes to nothing for ever (skippable frames), or another encoding
+altogether. Each is refused in one sentence and nothing is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import zstandard
+
+from logsync.errors import PeerProtocolError
+from logsync.fetchpolicy import PeerDeadlineError
+from logsync.peers import Peer
+from logsync.server import create_app
+from logsync.server.snapshotroute import accepts_zstd
+from logsync.snapshot import ZSTD_MAX_WINDOW
+from logsync.snapshot.download import (
+    INFLATE_CHUNK,
+    Receiver,
+    download_snapshot,
+    inflate,
+    open_client,
+)
+from logsync.snapshot.joining import join_if_empty
+from logsync.store import Store
+from tests.test_snapshot import (
+    FakePeer,
+    ThreadServer,
+    content,
+    fake,
+    snapshot_bytes,
+    source,
+)
+
+__all__ = ["fake", "source"]  # fixtures shared with tests/test_snapshot.py
+
+REPLICA = "rep_0123456789ab"
+
+
+def _raw_get(app: Any, accept: str | None) -> tuple[httpx.Headers, bytes]:
+    """One `GET /sync/snapshot`: its headers and body exactly as sent (not decoded)."""
+
+    async def go() -> tuple[httpx.Headers, bytes]:
+        headers = {} if accept is None else {"Accept-Encoding": accept}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://127.0.0.1") as client, \
+                client.stream("GET", "/sync/snapshot", headers=headers) as response:
+            assert response.status_code == 200
+            return response.headers, b"".join([c async for c in response.aiter_raw()])
+
+    return anyio.run(go)
+
+
+def test_zstd_is_sent_only_when_asked_and_decodes_to_the_plain_body(source: Store) -> None:
+    app = create_app(source)
+    try:
+        plain_headers, plain = _raw_get(app, "identity")
+        headers, packed = _raw_get(app, "gzip, zstd")
+        declined_headers, declined = _raw_get(app, "zstd;q=0")
+    finally:
+        app.state.logsync.close()
+    assert "content-encoding" not in plain_headers
+    assert int(plain_headers["content-length"]) == len(plain)
+    assert headers["content-encoding"] == "zstd" and "content-length" not in headers
+    assert "accept-encoding" in headers["vary"].lower()
+    assert zstandard.ZstdDecompressor().decompress(packed) == plain
+    assert len(packed) < len(plain) // 2
+    assert zstandard.get_frame_parameters(packed).window_size <= ZSTD_MAX_WINDOW
+    assert "content-encoding" not in declined_headers and declined == plain
+
+
+@pytest.mark.parametrize(("value", "wanted"), [
+    ("zstd", True), ("gzip, zstd;q=0.5", True), ("ZSTD ; q=1", True), ("zstd;q=0", False),
+    ("zstd;q=0.000", False), ("zstd;q=x", False), ("identity", False), ("", False),
+    ("br, gzip", False), ("zstdx", False),
+])
+def test_accept_encoding_is_read_as_http_says(value: str, wanted: bool) -> None:
+    assert accepts_zstd(value) is wanted
+
+
+def test_a_join_takes_the_compressed_answer_and_ends_identical(
+        source: Store, fake: FakePeer, tmp_path: Path) -> None:
+    sent: list[str | None] = []
+    inner = fake.inner
+
+    async def record(scope: Any, receive: Any, send: Any) -> None:
+        async def spy(message: dict) -> None:
+            if message["type"] == "http.response.start" and scope["path"] == "/sync/snapshot":
+                found = dict(message["headers"]).get(b"content-encoding")
+                sent.append(found.decode() if found else None)
+            await send(message)
+        await inner(scope, receive, spy)
+
+    fake.inner = record
+    joiner = tmp_path / "joiner"
+    joined = join_if_empty(joiner, [Peer(url=fake.server.url)], say=pytest.fail)
+    assert joined is not None and sent == ["zstd"]
+    assert content(joiner) == content(source.palace)
+
+
+@pytest.mark.parametrize(("label", "body", "named"), [
+    ("gzip", None, "sent a 'gzip'-encoded answer; only zstd or identity was asked for"),
+    ("zstd", b"\x00not zstd at all" * 64, "its zstd stream does not decode"),
+    ("zstd", "truncated", "ended after"),
+], ids=["other-encoding", "garbage", "truncated"])
+def test_a_bad_encoding_is_refused_in_one_line_and_nothing_is_installed(
+        source: Store, fake: FakePeer, tmp_path: Path, label: str, body: Any,
+        named: str) -> None:
+    plain = snapshot_bytes(source)
+    packed = zstandard.ZstdCompressor(level=1).compress(plain)
+    fake.body = {None: packed, "truncated": packed[: len(packed) * 2 // 3]}.get(body, body)
+    fake.headers = [(b"content-encoding", label.encode())]
+    said: list[str] = []
+    joiner = tmp_path / "joiner"
+    assert join_if_empty(joiner, [Peer(url=fake.server.url)], say=said.append) is None
+    assert len(said) == 1 and named in said[0] and "\n" not in said[0], said
+    with Store.open(joiner) as store:
+        assert store.latest_event_id() is None
+
+
+def _preamble(size: int, sha: str = "0" * 64) -> bytes:
+    return json.dumps({"format": "logsync-snapshot-1", "replica_id": REPLICA,
+                       "vector": {REPLICA: 3}, "size": size, "sha256": sha}).encode() + b"\n"
+
+
+def _chunks(data: bytes, size: int = 65536) -> Iterator[bytes]:
+    return (data[i:i + size] for i in range(0, len(data), size))
+
+
+def test_a_bomb_is_decoded_a_bounded_chunk_at_a_time_and_refused_past_its_size(
+        tmp_path: Path) -> None:
+    zeros = 256 * 1024 * 1024
+    writer = zstandard.ZstdCompressor(level=1).compressobj()
+    bomb = writer.compress(_preamble(4096)) + b"".join(
+        writer.compress(bytes(8 * 1024 * 1024)) for _ in range(zeros // (8 * 1024 * 1024)))
+    bomb += writer.flush()
+    assert len(bomb) < 64 * 1024  # 256 MiB of zeros in a few KiB
+    pulled = []
+    for out in inflate(_chunks(bomb), "GET", "p"):
+        pulled.append(len(out))
+        if len(pulled) == 3:
+            break  # lazy: nothing past what was asked for was decoded
+    assert max(pulled) <= INFLATE_CHUNK
+    receiver = Receiver(tmp_path / "bomb", 10**9, "GET", "p", 30.0)
+    with pytest.raises(PeerProtocolError, match="sent more than the 4096 bytes"), receiver:
+        for out in inflate(_chunks(bomb), "GET", "p"):
+            receiver.feed(out)
+
+
+def test_a_window_past_the_joiner_cap_is_refused() -> None:
+    params = zstandard.ZstdCompressionParameters.from_level(1, window_log=27)
+    wide = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    data = wide.compress(b"x" * 1000) + wide.flush()  # size unknown: the window stays
+    assert zstandard.get_frame_parameters(data).window_size > ZSTD_MAX_WINDOW
+    with pytest.raises(PeerProtocolError, match="zstd stream does not decode"):
+        list(inflate(_chunks(data), "GET", "p"))
+
+
+def test_frames_one_after_another_decode_as_one_body(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 300
+    wire = _preamble(len(data), hashlib.sha256(data).hexdigest()) + data
+    packer = zstandard.ZstdCompressor(level=3)
+    frames = b"".join(packer.compress(wire[i:i + 5000]) for i in range(0, len(wire), 5000))
+    receiver = Receiver(tmp_path / "frames", 10**9, "GET", "p", 30.0)
+    with receiver:
+        for out in inflate(_chunks(frames, 777), "GET", "p"):
+            receiver.feed(out)
+    assert receiver.finish()["size"] == len(data)
+    assert (tmp_path / "frames").read_bytes() == data
+
+
+def test_a_stream_that_decodes_to_nothing_still_meets_the_deadline(tmp_path: Path) -> None:
+    skippable = struct.pack("<II", 0x184D2A50, 4096) + bytes(4096)  # decodes to no byte
+
+    def for_ever() -> Iterator[bytes]:
+        while True:
+            time.sleep(0.001)
+            yield skippable
+
+    receiver = Receiver(tmp_path / "never", 10**9, "GET", "p", 0.3)
+    began = time.monotonic()
+    with pytest.raises(PeerDeadlineError, match="did not finish in time"), receiver:
+        for out in inflate(receiver.timed(for_ever()), "GET", "p"):
+            receiver.feed(out)
+    assert time.monotonic() - began < 10
+
+
+def test_a_download_of_skippable_frames_over_http_ends_at_its_deadline(tmp_path: Path) -> None:
+    """The same through `download_snapshot` and a real socket: what arrives is timed, not
+    only what it decodes to."""
+    skippable = struct.pack("<II", 0x184D2A50, 4096) + bytes(4096)
+    stop = time.monotonic() + 20
+
+    async def endless(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-encoding", b"zstd")]})
+        while time.monotonic() < stop:  # bounded: the test ends long before
+            await send({"type": "http.response.body", "body": skippable, "more_body": True})
+            await anyio.sleep(0.005)
+        await send({"type": "http.response.body", "body": b""})
+
+    server = ThreadServer(endless)
+    try:
+        began = time.monotonic()
+        with open_client(server.url, None) as http, \
+                pytest.raises(PeerDeadlineError, match="did not finish in time"):
+            download_snapshot(http, tmp_path / "never", 10**9, name="p", base_deadline_s=0.5)
+        assert time.monotonic() - began < 10
+    finally:
+        server.close()
