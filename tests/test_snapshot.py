@@ -242,6 +242,7 @@ def test_the_snapshot_is_advertised_cached_and_holds_nothing_local(source: Store
         for token in (None, "tok"):
             app = create_app(source, token=token)
             headers = {"Authorization": "Bearer tok"} if token else {}
+            headers["Accept-Encoding"] = "identity"  # the plain answer (zstd: its own test)
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                          base_url="http://127.0.0.1", headers=headers) as c:
                 advert = (await c.get("/sync/version_vector")).json()["logsync"]
@@ -333,6 +334,15 @@ def _trigger(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TRIGGER t AFTER INSERT ON events BEGIN DELETE FROM events; END")
 
 
+def _infinite_seq(conn: sqlite3.Connection) -> None:
+    """A signed chain entry at seq -9e999: SQLite keeps it as REAL -inf, and -inf % 64 = 0
+    puts it among the signatures checked (it once ended the join in an OverflowError)."""
+    origin = conn.execute("SELECT origin FROM logsync_keys WHERE source = 'certified' "
+                          "ORDER BY origin LIMIT 1").fetchone()[0]
+    conn.execute("INSERT INTO logsync_chain VALUES (?, -9e999, zeroblob(32), zeroblob(64))",
+                 (origin,))
+
+
 @pytest.mark.parametrize(("edit", "flip", "named"), [
     (None, True, "SHA-256"),
     (_drop_keys, False, "lacks the table logsync_keys"),
@@ -341,7 +351,8 @@ def _trigger(conn: sqlite3.Connection) -> None:
     (_altered, False, "departs from its ops at seq 70"),
     (_conflict, False, "rows of logsync_conflicts"),
     (_trigger, False, "holds a trigger"),
-], ids=["digest", "schema", "gap", "vector", "altered", "conflicts", "trigger"])
+    (_infinite_seq, False, "holds a chain entry at seq -inf, not an integer"),
+], ids=["digest", "schema", "gap", "vector", "altered", "conflicts", "trigger", "inf-seq"])
 def test_a_bad_snapshot_is_refused_in_one_line_and_nothing_is_installed(
         source: Store, fake: FakePeer, tmp_path: Path, edit: Any, flip: bool,
         named: str) -> None:

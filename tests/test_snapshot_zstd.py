@@ -86,10 +86,43 @@ def test_zstd_is_sent_only_when_asked_and_decodes_to_the_plain_body(source: Stor
 @pytest.mark.parametrize(("value", "wanted"), [
     ("zstd", True), ("gzip, zstd;q=0.5", True), ("ZSTD ; q=1", True), ("zstd;q=0", False),
     ("zstd;q=0.000", False), ("zstd;q=x", False), ("identity", False), ("", False),
-    ("br, gzip", False), ("zstdx", False),
+    ("br, gzip", False), ("zstdx", False), ("zstd;level=3;q=0", False),
+    ("zstd;q=inf", False), ("zstd;q=1e9", False), ("zstd;q=1.5", False),
+    ("zstd;q=1.000", True), ("zstd;q=0.001", True), ("zstd ;Q=0", False),
 ])
 def test_accept_encoding_is_read_as_http_says(value: str, wanted: bool) -> None:
     assert accepts_zstd(value) is wanted
+
+
+def test_zstd_listed_on_a_second_accept_encoding_line_counts(source: Store) -> None:
+    async def go() -> httpx.Headers:
+        app = create_app(source)
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                         base_url="http://127.0.0.1") as client:
+                request = client.build_request("GET", "/sync/snapshot", headers=[
+                    ("Accept-Encoding", "gzip"), ("Accept-Encoding", "zstd")])
+                response = await client.send(request, stream=True)
+                await response.aclose()
+                return response.headers
+        finally:
+            app.state.logsync.close()
+
+    assert anyio.run(go)["content-encoding"] == "zstd"
+
+
+def test_a_server_never_compresses_past_the_joiner_window(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Level 1 uses a 512 KiB window; a higher level set by a maintainer would ask for up
+    to 128 MiB, which every joiner refuses: the server caps it."""
+    import logsync.server.snapshotroute as route
+
+    monkeypatch.setattr(route, "ZSTD_LEVEL", 22)
+    assert zstandard.ZstdCompressionParameters.from_level(
+        22, source_size=10**9).window_log > ZSTD_MAX_WINDOW.bit_length() - 1
+    encoder = route._encoder(10**9)
+    head = encoder.compress(b"x" * 1000) + encoder.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+    assert zstandard.get_frame_parameters(head).window_size == ZSTD_MAX_WINDOW
 
 
 def test_a_join_takes_the_compressed_answer_and_ends_identical(
@@ -222,3 +255,25 @@ def test_a_download_of_skippable_frames_over_http_ends_at_its_deadline(tmp_path:
         assert time.monotonic() - began < 10
     finally:
         server.close()
+
+
+def test_a_corrupt_file_is_the_reason_given_whatever_the_other_checks_raise(
+        source: Store, fake: FakePeer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's integrity check runs beside the proof and the signature check; when it
+    fails, that is the refusal, even if a check beside it raised too (on a file that is
+    not sound, anything may raise)."""
+    from logsync.snapshot import SnapshotRefused, joining
+
+    def corrupt(path: Path) -> None:
+        time.sleep(0.2)  # ends after the checks beside it
+        raise SnapshotRefused("it fails SQLite's integrity check (planted)")
+
+    def raises(*args: Any) -> Any:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(joining, "check_integrity", corrupt)
+    monkeypatch.setattr(joining, "verify_kept_signatures", raises)
+    said: list[str] = []
+    joiner = tmp_path / "joiner"
+    assert join_if_empty(joiner, [Peer(url=fake.server.url)], say=said.append) is None
+    assert len(said) == 1 and "integrity check (planted)" in said[0], said

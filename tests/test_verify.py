@@ -363,6 +363,25 @@ def test_a_flipped_signature_byte_is_reported_at_its_seq_with_exit_3(
     assert verify(palace, "--origin", own).exit_code == 3
 
 
+def test_a_chain_entry_at_an_infinite_seq_does_not_verify_in_one_sentence(
+        tmp_path: Path) -> None:
+    """-9e999 is kept as REAL -inf, and -inf % 64 = 0 puts it among the signatures
+    checked; it once ended `verify` in an OverflowError ("unexpected")."""
+    palace = tmp_path / "a"
+    with Store.open(palace) as store:
+        append(store, SIGNED_OPS)
+        own = store.replica_id
+    raw(palace, "INSERT INTO logsync_chain VALUES (?, -9e999, zeroblob(32), zeroblob(64))",
+        (own,))
+    code, payload = verify_json(palace)
+    assert code == 3 and payload["ok"] is False
+    assert payload["error"] == (f"the store does not verify: origin {own} holds a chain "
+                                "entry at seq -inf, not an integer")
+    human = verify(palace)
+    assert human.exit_code == 3 and "unexpected" not in human.output
+    assert human.output.strip().splitlines() == [payload["error"]]
+
+
 def test_a_signature_that_is_not_a_signature_fails_and_the_first_is_named(
     tmp_path: Path,
 ) -> None:

@@ -24,7 +24,7 @@ from logsync.cli.group import cli
 from logsync.errors import ValidationError, shorten
 from logsync.ids import is_replica_id
 from logsync.store import Store
-from logsync.store.audit import AuditReport, OriginAudit
+from logsync.store.audit import AuditReport, OriginAudit, UnchainableOp
 
 EXIT_UNVERIFIED = 3  # the store was read, and something in it does not verify
 
@@ -61,8 +61,16 @@ def verify(ctx: click.Context, as_json: bool, origin: str | None) -> None:
             raise no_palace(ctx, palace)
         with open_store(ctx):
             pass  # made here, so there is nothing a writable open could have repaired
-    with Store.open(palace, read_only=True) as store:
-        report = store.audit(origin)
+    try:
+        with Store.open(palace, read_only=True) as store:
+            report = store.audit(origin)
+    except UnchainableOp as exc:  # a value no chain rule covers: the store does not verify
+        message = f"the store does not verify: {exc}"
+        if as_json:
+            emit_json({"ok": False, "error": message})
+        else:
+            click.echo(message)
+        ctx.exit(EXIT_UNVERIFIED)
     if as_json:
         emit_json(report.to_json())
     else:

@@ -16,6 +16,7 @@ HTTP stacks handle shrink. Anyone else gets the file as it is.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, BinaryIO
@@ -59,37 +60,50 @@ async def sync_snapshot(request: Request) -> Response:
     except OSError as exc:
         return _error(503, f"the snapshot copy went missing ({exc.strerror}); retry",
                       {"Retry-After": "1"})
-    preamble = made.preamble()
+    try:
+        preamble, headers, encoder = _answer_shape(request, made)
+    except BaseException:
+        handle.close()
+        raise
     deadline = time.monotonic() + SEND_BASE_S + made.size / MIN_RATE
-    state.streams += 1
-    headers = {SHA256_HEADER: made.sha256, SIZE_HEADER: str(made.size),
-               "Cache-Control": "no-store", "Vary": "Accept-Encoding"}
-    encoder = None
-    if accepts_zstd(request.headers.get("accept-encoding", "")):
-        encoder = _encoder(len(preamble) + made.size)
-        headers["Content-Encoding"] = "zstd"  # its length is known only once sent
-    else:
-        headers["Content-Length"] = str(len(preamble) + made.size)
     logger.info("serving a snapshot of %d bytes (%d origins%s)", made.size, len(made.vector),
                 ", zstd" if encoder is not None else "")
+    state.streams += 1  # released by the answer however it ends, so taken just before it
     return _SnapshotResponse(
         lambda: _release(state, handle), _body(handle, preamble, deadline, encoder),
         media_type=SNAPSHOT_TYPE, headers=headers,
     )
 
 
+def _answer_shape(request: Request, made: SnapshotFile) -> tuple[bytes, dict[str, str], Any]:
+    """The preamble, the headers, and the zstd encoder when the joiner asked for it."""
+    preamble = made.preamble()
+    headers = {SHA256_HEADER: made.sha256, SIZE_HEADER: str(made.size),
+               "Cache-Control": "no-store", "Vary": "Accept-Encoding"}
+    if not accepts_zstd(",".join(request.headers.getlist("accept-encoding"))):
+        headers["Content-Length"] = str(len(preamble) + made.size)
+        return preamble, headers, None
+    headers["Content-Encoding"] = "zstd"  # its length is known only once sent
+    return preamble, headers, _encoder(len(preamble) + made.size)
+
+
 def accepts_zstd(accept_encoding: str) -> bool:
-    """Whether an `Accept-Encoding` value lists zstd with a nonzero q (RFC 9110 §12.5.3)."""
-    for item in accept_encoding.lower().split(",")[:32]:
-        coding, _, params = item.partition(";")
+    """Whether an `Accept-Encoding` value lists zstd with a q above 0 (RFC 9110 §12.5.3:
+    q is 0 to 1 with at most three decimals; a malformed q counts as a refusal)."""
+    for item in accept_encoding.lower().split(",")[:64]:
+        coding, *params = item.split(";")
         if coding.strip() != "zstd":
             continue
-        q = params.strip().removeprefix("q=") if params.strip().startswith("q=") else "1"
-        try:
-            return float(q) > 0
-        except ValueError:
-            return False
+        q = "1"
+        for param in params[:8]:
+            name, _, value = param.partition("=")
+            if name.strip() == "q":
+                q = value.strip()
+        return _QVALUE.fullmatch(q) is not None and float(q) > 0
     return False
+
+
+_QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
 
 
 def _encoder(size: int) -> Any:

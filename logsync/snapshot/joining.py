@@ -179,8 +179,8 @@ def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], 
             verified = verify_kept_signatures(candidate, own_id, preamble["replica_id"])
         finally:
             failed = integrity.exception()  # waits: nothing writes while a check reads
-        if failed is not None:
-            raise failed
+            if failed is not None:
+                raise failed  # a file SQLite finds corrupt: that is the reason given
         flushed.result()
     prepare(candidate, own_id, own_key, preamble["replica_id"],
             utc_now_iso(int(time.time() * 1000)))

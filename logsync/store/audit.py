@@ -232,10 +232,14 @@ def check_signatures(conn: sqlite3.Connection, origin: str, key: bytes,
         (origin, CHECKPOINT, signed_to),
     )
     for seq, digest, signature in rows:
+        if type(seq) is not int:  # e.g. -9e999, stored as REAL -inf (and -inf % n = 0)
+            rows.close()
+            raise UnchainableOp(f"origin {origin} holds a chain entry at seq {seq!r}, "
+                                "not an integer")
         checked += 1
         if not verify_digest(key, digest, signature):
             rows.close()
-            return checked, int(seq)
+            return checked, seq
     return checked, None
 
 
