@@ -53,8 +53,9 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
               help="CA bundle for verifying https peers.")
 @click.option("--no-notify", is_flag=True, help="Do not follow peers' /logstream/stream.")
 @click.option("--commit-check-ms", type=click.FloatRange(0, 1000), default=5.0,
-              show_default=True, help="How often to look for commits by other processes "
-              "(the CLI, an agent's store), so their events go out at once; 0: only the "
+              show_default=True, help="Look for commits by other processes (the CLI, an agent's "
+              "store) at most this often, so their events go out at once (on Linux only "
+              "when the store's files are written; elsewhere every N ms); 0: only the "
               "event streams' 100 ms poll.")
 @click.option("--coalesce-ms", type=click.FloatRange(0, 1000), default=DEFAULT_COALESCE_S * 1000,
               show_default=True, help="A change stream sends a subscriber at most one batch "
