@@ -277,3 +277,24 @@ def test_a_corrupt_file_is_the_reason_given_whatever_the_other_checks_raise(
     joiner = tmp_path / "joiner"
     assert join_if_empty(joiner, [Peer(url=fake.server.url)], say=said.append) is None
     assert len(said) == 1 and "integrity check (planted)" in said[0], said
+
+
+def test_a_snapshot_the_disk_cannot_hold_is_refused_before_a_byte_is_written(
+        source: Store, fake: FakePeer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A few KiB of zstd may announce (and decode to) the whole 64 GiB cap: the room is
+    checked against the announced size first, and the join falls back to the pull."""
+    from logsync.snapshot import download
+
+    real = download.shutil.disk_usage
+
+    def nearly_full(path: Any) -> Any:
+        usage = real(path)
+        return usage._replace(free=download.SPARE_DISK_BYTES + 1000)
+
+    monkeypatch.setattr(download.shutil, "disk_usage", nearly_full)
+    said: list[str] = []
+    joiner = tmp_path / "joiner"
+    assert join_if_empty(joiner, [Peer(url=fake.server.url)], say=said.append) is None
+    assert len(said) == 1 and "snapshot does not fit on the disk of" in said[0], said
+    assert said[0].endswith("; pulling op by op instead")
+    assert not [p for p in joiner.iterdir() if p.name.startswith(".logsync-snapshot-join-")]

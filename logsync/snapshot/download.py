@@ -21,6 +21,7 @@ import hashlib
 import json
 import queue
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -39,7 +40,7 @@ from logsync.answers import (
     translate_transport,
 )
 from logsync.errorcodes import ERRORS_CODED, ERRORS_HEADER
-from logsync.errors import PeerProtocolError, PeerTooLargeError
+from logsync.errors import PeerProtocolError, PeerTooLargeError, StoreError
 from logsync.fetchpolicy import FetchPolicy, PeerDeadlineError
 from logsync.ids import is_replica_id
 from logsync.snapshot import (
@@ -54,6 +55,7 @@ MAX_QUEUED = 8 * 1024 * 1024  # bytes received but not yet hashed and written
 BASE_DEADLINE_S = 60.0  # a download must end within this plus a second per MIN_RATE bytes
 ERROR_BODY_BYTES = 64 * 1024  # of a non-200 answer, read for its message
 INFLATE_CHUNK = 1024 * 1024  # decoded bytes handed on at a time
+SPARE_DISK_BYTES = 64 * 1024 * 1024  # left free on the palace's disk after the download
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -207,6 +209,7 @@ class Receiver:
                                             f"{MAX_PREAMBLE_BYTES} bytes", peer=self.peer)
                 return
             self.preamble = parse_preamble(line, self.max_bytes, self.where, self.peer)
+            check_room(self.dest.parent, self.preamble["size"])
             self.deadline += self.preamble["size"] / MIN_RATE
             chunk = rest
         self.written += len(chunk)
@@ -279,6 +282,19 @@ class _Sink:
             with self._lock:
                 self._queued -= len(chunk)
                 self._lock.notify_all()
+
+
+def check_room(directory: Path, size: int) -> None:
+    """Refuse a snapshot the palace's disk cannot hold with `SPARE_DISK_BYTES` to spare,
+    before its first byte is written (a zstd stream of a few KiB can announce, and decode
+    to, the whole byte cap)."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return  # unknowable here: the write itself fails with ENOSPC if it comes to that
+    if size + SPARE_DISK_BYTES > free:
+        raise StoreError(f"the {size}-byte snapshot does not fit on the disk of {directory}: "
+                         f"{free} bytes are free and {SPARE_DISK_BYTES} are kept spare")
 
 
 def parse_preamble(line: bytes, max_bytes: int, where: str, peer: str) -> dict[str, Any]:
