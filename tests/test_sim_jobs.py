@@ -1,7 +1,8 @@
 """`logsync simulate --seeds A..B --jobs N`: the seeds on N worker processes, with output
 identical to a serial run's (only the wall-clock line, and `wall_seconds` /
 `elapsed_seconds` in JSON, may differ); a seed whose run raises or whose worker dies is
-one sentence in its place; Ctrl-C ends the pool; a bad --jobs is one sentence."""
+one sentence in its place; Ctrl-C ends the pool; a bad --jobs is one sentence; however a
+sweep ends, its runs' directories (stores in tmpfs, that is RAM) are gone."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from logsync.cli import cli
 from logsync.cli.sim import MAX_JOBS, sweep_summary, worker_count
 from logsync.sim import load_scenario, run_scenario
 from logsync.sim.report import summary_text
+from logsync.sim.runner import scratch_base
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = str(ROOT / "simulations" / "partition-and-heal.toml")  # about 1 s a seed
@@ -30,6 +32,13 @@ WALL_JSON = re.compile(r'"(wall|elapsed)_seconds": [0-9.]+')
 
 def _simulate(*args: str) -> Any:
     return CliRunner().invoke(cli, ["simulate", *args])
+
+
+def _scratch() -> set[str]:
+    """The run and sweep directories in the simulator's scratch place now."""
+    base = scratch_base() or Path(os.environ.get("TMPDIR", "/tmp"))
+    return {p.name for p in base.iterdir()
+            if p.name.startswith(("logsync-sim-", "logsync-sweep-"))}
 
 
 def test_two_jobs_print_what_one_job_prints_byte_for_byte() -> None:
@@ -94,9 +103,10 @@ def test_a_seed_that_raises_or_kills_its_worker_is_one_sentence_in_its_place(
     small.write_text(_stuck_text().replace('"1ms"', '"20s"').replace('at = 1', 'at = 1\n'
                                                                      'until = 2'))
     scenario = load_scenario(str(small))
-    started = time.monotonic()
+    started, before = time.monotonic(), _scratch()
     summary = sweep_summary(scenario, range(1, 8), 2, flaky_run)
     assert time.monotonic() - started < 120
+    assert _scratch() - before == set()  # the broken pool's workers left nothing
     assert summary["runs"] == 7 and summary["failed_seeds"] == [3, 5]
     assert [s["seed"] for s in summary["seeds"]] == [1, 2, 3, 4, 5, 6, 7]
     assert summary["seeds"][2]["error"] == "the run raised ValueError: planted failure"
@@ -134,6 +144,7 @@ def test_bad_jobs_is_one_sentence_and_the_count_is_bounded(tmp_path: Path) -> No
 
 
 def test_ctrl_c_stops_the_pool_and_its_workers() -> None:
+    before = _scratch()
     proc = subprocess.Popen(
         [sys.executable, "-m", "logsync", "simulate", FAST, "--seeds", "1..200", "--jobs",
          "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -157,3 +168,4 @@ def test_ctrl_c_stops_the_pool_and_its_workers() -> None:
         time.sleep(0.1)
     else:
         raise AssertionError("a worker outlived Ctrl-C")
+    assert _scratch() - before == set()  # the stopped runs' stores are gone too

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -209,9 +212,13 @@ def _sentence(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _quiet_worker() -> None:
-    """Ctrl-C reaches the whole process group: the parent alone handles it."""
+def _quiet_worker(workdir: str) -> None:
+    """Ctrl-C reaches the whole process group: the parent alone handles it. Runs make
+    their directories in the sweep's own `workdir`."""
+    from logsync.sim.runner import use_workdir
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    use_workdir(Path(workdir))
 
 
 DIED = "its worker process died before the run finished"
@@ -219,15 +226,29 @@ DIED = "its worker process died before the run finished"
 
 def _run_on_workers(scenario: Any, seeds: list[int], workers: int, run: Callable[[Any], Any],
                     record: Callable[[int, Outcome], None]) -> None:
+    """The sweep's workers run in a directory of its own, removed when the sweep ends
+    however it ends: a worker stopped mid-run (Ctrl-C, a crash) cannot clean up after
+    itself, and its stores would stay in tmpfs (RAM) until the machine restarts."""
+    from logsync.sim.runner import scratch_base
+
+    workdir = Path(tempfile.mkdtemp(prefix="logsync-sweep-", dir=scratch_base()))
+    try:
+        _sweep(scenario, seeds, workers, run, record, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _sweep(scenario: Any, seeds: list[int], workers: int, run: Callable[[Any], Any],
+           record: Callable[[int, Outcome], None], workdir: Path) -> None:
     """At most `workers` seeds in flight. When a worker dies, the pool breaks and every seed
     then in flight fails with it; each of those is rerun alone in a fresh process, so the
     one that kills its process is the one reported, and the sweep goes on in a new pool."""
     todo = seeds
     while todo:
-        suspects, todo = _pool_pass(scenario, todo, workers, run, record)
+        suspects, todo = _pool_pass(scenario, todo, workers, run, record, workdir)
         for batch in range(0, len(suspects), workers):
             group = suspects[batch:batch + workers]
-            pools = {seed: _pool(1) for seed in group}
+            pools = {seed: _pool(1, workdir) for seed in group}
             try:
                 futures = {seed: _submit(pools[seed], run, scenario, seed) for seed in group}
                 for seed in group:
@@ -239,10 +260,11 @@ def _run_on_workers(scenario: Any, seeds: list[int], workers: int, run: Callable
 
 
 def _pool_pass(scenario: Any, todo: list[int], workers: int, run: Callable[[Any], Any],
-               record: Callable[[int, Outcome], None]) -> tuple[list[int], list[int]]:
+               record: Callable[[int, Outcome], None],
+               workdir: Path) -> tuple[list[int], list[int]]:
     """Run `todo` on one pool until done or broken: (the seeds in flight when it broke,
     the seeds not yet started)."""
-    pool = _pool(workers)
+    pool = _pool(workers, workdir)
     pending = iter(todo)
     flight: dict[Future[Outcome], int] = {}
     suspects: list[int] = []
@@ -270,14 +292,14 @@ def _pool_pass(scenario: Any, todo: list[int], workers: int, run: Callable[[Any]
     return sorted(suspects), list(pending)
 
 
-def _pool(workers: int) -> ProcessPoolExecutor:
+def _pool(workers: int, workdir: Path) -> ProcessPoolExecutor:
     # Imported here: multiprocessing costs every other command's start ~5 ms.
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     # spawn: a worker is a fresh interpreter, whatever threads or state this process holds
     return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"),
-                               initializer=_quiet_worker)
+                               initializer=_quiet_worker, initargs=(str(workdir),))
 
 
 def _submit(pool: ProcessPoolExecutor, run: Callable[[Any], Any], scenario: Any,

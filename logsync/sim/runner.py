@@ -441,10 +441,27 @@ class Simulation:
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
+# Where runs make their directories when the caller names none: set in a sweep's worker
+# processes (`cli/sim.py`) to a directory the sweep owns, so a worker stopped mid-run
+# (Ctrl-C, a crash, its pool breaking) leaves nothing behind once the sweep removes it.
+_workdir: Path | None = None
+
+
+def use_workdir(path: Path | None) -> None:
+    """Make `path` the directory runs of this process work in (None: `scratch_base()`)."""
+    global _workdir
+    _workdir = path
+
+
+def scratch_base() -> Path | None:
+    """tmpfs when there is one (the stores fsync), else the system's temp directory."""
+    return Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+
+
 def run_scenario(scenario: Scenario, *, trace_sink: TextIO | None = None,
                  workdir: Path | None = None) -> SimReport:
     """Run one seed of a scenario in a fresh temporary directory (tmpfs when there is one)."""
-    base = workdir or (Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
+    base = workdir or _workdir or scratch_base()
     started = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="logsync-sim-", dir=base))
     thresholds = gc.get_threshold()
