@@ -191,14 +191,16 @@ def test_an_idle_watch_reads_rarely_when_the_kernel_wakes_it(tmp_path: Path) -> 
 
 def _notice_latencies(store: Store, other: Store, watch: CommitWatch, poked: threading.Event,
                       commits: int) -> list[float]:
+    """From each append's return (its fsync is the disk's time, not the watch's) to the
+    notification (0 when it came first)."""
     latencies = []
     for i in range(commits):
         time.sleep(0.03)
         poked.clear()
-        began = time.monotonic()
         other.append_event("t", "s", "r", "a@b", body=str(i))
+        returned, already = time.monotonic(), poked.is_set()
         assert poked.wait(10), f"commit {i} never noticed"
-        latencies.append(time.monotonic() - began)
+        latencies.append(0.0 if already else time.monotonic() - returned)
     return latencies
 
 
@@ -222,13 +224,17 @@ def test_commits_are_noticed_as_they_land(tmp_path: Path, use_inotify: bool) -> 
     assert latencies[10] < 0.06, latencies  # the median; the idle check is 0.25 s
 
 
+@pytest.mark.parametrize("refusal", [OSError(24, "Too many open files"),
+                                     AttributeError("inotify_init1 not found")],
+                         ids=["emfile", "no-syscall"])
 def test_without_inotify_the_watch_polls_and_still_notices(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """inotify refusing (the per-user instance limit: EMFILE) leaves the 5 ms poll."""
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: Exception) -> None:
+    """inotify refusing (the per-user instance limit: EMFILE; or, off Linux, a library
+    that imports but has no syscall to call) leaves the 5 ms poll."""
     import logsync.server.commits as commits
 
     def refuse() -> None:
-        raise OSError(24, "Too many open files")
+        raise refusal
 
     monkeypatch.setattr(commits, "INotify", refuse)
     with Store.open(tmp_path / "p") as store:
@@ -244,3 +250,60 @@ def test_without_inotify_the_watch_polls_and_still_notices(
         finally:
             other.close()
             watch.stop()
+
+
+class _OneWrite:
+    """A kernel that reports one write at `t0`, then nothing (as inotify reports a WAL
+    write and cannot report the commit's publication in shared memory)."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0, self.reported = t0, False
+
+    def wait(self, timeout_s: float) -> bool:
+        if not self.reported:
+            time.sleep(max(0.0, min(timeout_s, self.t0 - time.monotonic())))
+            if time.monotonic() >= self.t0:
+                self.reported = True
+                return True
+            return False
+        time.sleep(timeout_s)
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class _LateCommit:
+    """data_version changes only at `shows`, well after the write (a slow fsync)."""
+
+    def __init__(self, shows: float) -> None:
+        self.shows = shows
+
+    def version(self) -> int:
+        return 2 if time.monotonic() >= self.shows else 1
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_commit_published_long_after_its_write_is_read_as_it_shows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow fsync puts 120 ms between the WAL write (which wakes the watch) and the
+    commit showing: the watch keeps reading every interval until it shows, instead of
+    waiting for its idle check (which would see it ~0.25 s after the write)."""
+    import logsync.server.commits as commits
+
+    t0 = time.monotonic() + 0.5
+    shows = t0 + 0.12
+    monkeypatch.setattr(commits._FileWake, "open", classmethod(lambda cls, path: _OneWrite(t0)))
+    noticed: list[float] = []
+    watch = CommitWatch(tmp_path / "x.sqlite3", lambda: noticed.append(time.monotonic()),
+                        interval=0.005)
+    watch._probe = _LateCommit(shows)  # type: ignore[assignment]
+    watch.start()
+    try:
+        assert until(lambda: bool(noticed), 10)
+    finally:
+        watch.stop()
+    assert watch.woken_by_kernel
+    assert 0 <= noticed[0] - shows < 0.08, noticed[0] - shows

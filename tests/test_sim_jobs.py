@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from logsync.cli import cli
@@ -143,7 +144,10 @@ def test_bad_jobs_is_one_sentence_and_the_count_is_bounded(tmp_path: Path) -> No
     assert 1 <= worker_count(0, 3) <= 3
 
 
-def test_ctrl_c_stops_the_pool_and_its_workers() -> None:
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_the_pool_and_its_workers(how: str) -> None:
+    """Ctrl-C reaches the whole process group; SIGTERM (`timeout`, a service manager)
+    only the parent, which must stop its workers itself."""
     before = _scratch()
     proc = subprocess.Popen(
         [sys.executable, "-m", "logsync", "simulate", FAST, "--seeds", "1..200", "--jobs",
@@ -151,7 +155,10 @@ def test_ctrl_c_stops_the_pool_and_its_workers() -> None:
         start_new_session=True)
     try:
         time.sleep(3)  # the workers are running seeds
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:

@@ -15,8 +15,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -191,7 +192,8 @@ def sweep_summary(scenario: Any, seeds: range, workers: int, run: Callable[[Any]
             for seed in seeds:
                 record(seed, run_seed(run, scenario, seed))
         else:
-            _run_on_workers(scenario, list(seeds), workers, run, record)
+            with _terminate_as_interrupt():
+                _run_on_workers(scenario, list(seeds), workers, run, record)
     except KeyboardInterrupt:
         raise SweepInterrupted(f"interrupted: {len(done)} of {len(seeds)} seeds had finished "
                                f"and no run was left going") from None
@@ -210,6 +212,24 @@ def run_seed(run: Callable[[Any], Any], scenario: Any, seed: int) -> Outcome:
 def _sentence(text: str, limit: int = 300) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (`timeout`, a service manager, a CI cancel) ends a sweep as Ctrl-C does:
+    the workers stopped and the sweep's directory removed, not orphaned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _quiet_worker(workdir: str) -> None:

@@ -11,11 +11,12 @@ committed -- pokes the notifier, which wakes the streams at once.
 When to read it: on Linux the kernel says when the store's files are written (inotify on
 the palace directory, `inotify_simple`), so an idle daemon reads it only every
 ``IDLE_CHECK_S`` and a commit is seen as it lands; while commits keep coming it reads at
-most once per ``interval``, and keeps reading that often for ``SETTLE_S`` after the last
-write it saw (SQLite publishes a commit in shared memory, which inotify cannot see, just
-after writing the WAL, which it can). Reading every 5 ms instead cost an idle daemon 3.4 % of a
-core (93 % of its idle CPU). Where inotify is missing or refuses (another OS, the
-per-user watch limit) it reads every ``interval``, as before.
+most once per ``interval``. After a write it keeps reading that often until a commit
+shows, for at most ``SETTLE_S``: SQLite writes the WAL (inotify sees it), fsyncs it, and
+then publishes the commit in shared memory (inotify cannot see that). Reading every 5 ms
+instead cost an idle daemon 3.4 % of a core (93 % of its idle CPU). Where inotify is
+missing or refuses (another OS, the per-user watch limit) it reads every ``interval``,
+as before.
 
 The probe stays the safety net: a failing check is logged once and retried every
 ``RETRY_S``, and the first good check after it notifies once, so the watch can only ever
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,9 +47,10 @@ log = logging.getLogger("logsync.server")
 
 COMMIT_CHECK_S = 0.005  # at most one data_version read this often (every one, polling)
 IDLE_CHECK_S = 0.25  # woken by the kernel: the check while no write is seen
-# After a write is seen, read every `interval` this long: SQLite writes the WAL (which
-# wakes us) before it publishes the commit in shared memory (which cannot).
-SETTLE_S = 0.05
+# After a write is seen, read every `interval` until a commit shows, for at most this
+# long: SQLite writes the WAL (which wakes us), fsyncs it, and only then publishes the
+# commit in shared memory (which cannot), so a slow disk's fsync is waited out here.
+SETTLE_S = 1.0
 RETRY_S = 1.0  # after a failed check (the file gone, unreadable): retry this often
 STOP_JOIN_S = 2.0
 
@@ -75,7 +78,8 @@ class CommitWatch:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the thread; returns within ``interval`` plus one check (bounded anyway)."""
+        """Stop the thread; returns within ``IDLE_CHECK_S`` plus one check (bounded by
+        ``STOP_JOIN_S`` anyway)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(STOP_JOIN_S)
@@ -88,13 +92,15 @@ class CommitWatch:
         last = settled = 0.0
         try:
             while not self._stop.is_set():
+                woke = False
                 if failing:
                     self._stop.wait(RETRY_S)
                 elif wake is None:
                     self._stop.wait(self._interval)
                 else:
                     settling = time.monotonic() < settled
-                    if wake.wait(self._interval if settling else IDLE_CHECK_S):
+                    woke = wake.wait(self._interval if settling else IDLE_CHECK_S)
+                    if woke:  # every write (re)opens the window: its commit is yet to show
                         settled = time.monotonic() + SETTLE_S
                     since = time.monotonic() - last
                     if since < self._interval:  # writes keep coming: one check per interval
@@ -112,6 +118,8 @@ class CommitWatch:
                     continue
                 self.checks += 1
                 changed = seen is not None and version != seen
+                if changed and not woke:  # every write seen so far has shown
+                    settled = 0.0
                 self.changes += changed
                 if changed or failing:  # after a failure: whatever happened meanwhile
                     self._notify()
@@ -136,16 +144,17 @@ class _FileWake:
     @classmethod
     def open(cls, db_path: Path) -> _FileWake | None:
         """None where inotify is missing or refuses (logged once: the watch polls)."""
-        if INotify is None:
-            return None
+        if INotify is None or not sys.platform.startswith("linux"):
+            return None  # inotify_simple imports elsewhere too, and then fails in use
+        db_path = db_path.resolve()  # a symlinked store: its WAL is beside the target
         try:
             notify = INotify()
-        except OSError as exc:
+        except Exception as exc:  # OSError (the per-user limit), or no such syscall
             log.info("no inotify for the store's commits (%s): polling", exc)
             return None
         try:
             notify.add_watch(str(db_path.parent), cls.MASK)
-        except OSError as exc:
+        except Exception as exc:
             notify.close()
             log.info("cannot watch %s for commits (%s): polling", db_path.parent, exc)
             return None
