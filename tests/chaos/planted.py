@@ -1,7 +1,8 @@
 """A logsync build with a planted defect, for the checker's own test.
 
 ``python -m tests.chaos.planted --palace P serve ...`` is ``logsync`` whose daemon loses
-every tenth op it applies from a peer (``CHAOS_DROP_EVERY``, default 10): once a later op of
+every tenth op it applies from a peer (``CHAOS_DROP_EVERY``, default 10), pulled or taken
+from a stream's page frame or a push alike: once a later op of
 the same origin is stored, the earlier one's row is deleted, as a storage layer with a
 lost-write bug would. The vector still names the later op, so no round ever pulls the lost
 one again, and nothing in the replication protocol notices. A green chaos run against this
@@ -16,13 +17,13 @@ import os
 import sqlite3
 from typing import Any
 
-from logsync import client, effects
+from logsync import client, effects, pushed
 from logsync.cli import main
 
 EVERY = int(os.environ.get("CHAOS_DROP_EVERY", "10"))
 _counted = itertools.count(1)
 _doomed: list[tuple[str, str, int]] = []  # (id, origin, origin_seq) to lose when covered
-_perform = client.perform
+_perform = effects.perform
 
 
 def perform(store: Any, effect: Any) -> Any:
@@ -48,7 +49,10 @@ def _lose(db_path: Any) -> None:
                 _doomed.remove(item)
 
 
-client.perform = perform  # the daemon's rounds perform their store effects through this
+# Every way an op reaches the store: the rounds' pulls, and the page frames and pushes
+# (which arrive first on a quiet mesh, so hooking the pull alone lost nothing there).
+client.perform = perform
+pushed.effects_perform = perform
 
 if __name__ == "__main__":
     main()
