@@ -32,12 +32,14 @@ MSGPACK_TYPE = "application/msgpack"
 ACCEPT_ENCODING = {"Accept-Encoding": "identity"}
 
 
-def encoding_problem(headers: httpx.Headers) -> str | None:
-    """Why an answer's Content-Encoding cannot be taken (we asked for identity), or None."""
+def encoding_problem(headers: httpx.Headers, asked: tuple[str, ...] = ()) -> str | None:
+    """Why an answer's Content-Encoding cannot be taken, or None: identity always may be,
+    and so may the codings the request `asked` for (the snapshot asks for zstd)."""
     coding = headers.get("content-encoding", "").strip().lower()
-    if coding in ("", "identity"):
+    if coding in ("", "identity", *asked):
         return None
-    return f"sent a {coding[:30]!r}-encoded answer although identity was asked for"
+    wanted = " or ".join((*asked, "identity"))
+    return f"sent a {coding[:30]!r}-encoded answer although {wanted} was asked for"
 # Arrays and objects one answer may hold. A page of 5000 ops with their metadata and
 # artifact lists needs a few tens of thousands; the count is taken over raw bytes (it
 # also counts brackets inside strings), so a page that passes it only in halves is

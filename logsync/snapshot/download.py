@@ -104,13 +104,13 @@ def download_snapshot(http: httpx.Client, dest: Path, max_bytes: int, *, name: s
         with http.stream("GET", SNAPSHOT_PATH, headers={"Accept-Encoding": "zstd"}) as response:
             if response.status_code != 200:
                 raise _status_error(response, where, name)
-            coding = response.headers.get("content-encoding", "").strip().lower()
-            if coding not in ("", "identity", "zstd"):
-                raise PeerProtocolError(f"{where} sent a {coding[:30]!r}-encoded answer; "
-                                        "only zstd or identity was asked for", peer=name)
+            problem = encoding_problem(response.headers, ("zstd",))
+            if problem is not None:
+                raise PeerProtocolError(f"{where} {problem}", peer=name)
+            zstd = response.headers.get("content-encoding", "").strip().lower() == "zstd"
             chunks = receiver.timed(response.iter_raw())
             with receiver:
-                for chunk in inflate(chunks, where, name) if coding == "zstd" else chunks:
+                for chunk in inflate(chunks, where, name) if zstd else chunks:
                     receiver.feed(chunk)
             return receiver.finish()
     except (httpx.HTTPError, httpx.StreamError) as exc:
