@@ -23,7 +23,7 @@ from logsync.cli import cli
 from logsync.cli.sim import MAX_JOBS, sweep_summary, worker_count
 from logsync.sim import load_scenario, run_scenario
 from logsync.sim.report import summary_text
-from logsync.sim.runner import scratch_base
+from logsync.sim.scratch import scratch_base
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = str(ROOT / "simulations" / "partition-and-heal.toml")  # about 1 s a seed
@@ -37,7 +37,7 @@ def _simulate(*args: str) -> Any:
 
 def _scratch() -> set[str]:
     """The run and sweep directories in the simulator's scratch place now."""
-    base = scratch_base() or Path(os.environ.get("TMPDIR", "/tmp"))
+    base = scratch_base()
     return {p.name for p in base.iterdir()
             if p.name.startswith(("logsync-sim-", "logsync-sweep-"))}
 

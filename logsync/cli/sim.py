@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -248,14 +246,13 @@ def _run_on_workers(scenario: Any, seeds: list[int], workers: int, run: Callable
                     record: Callable[[int, Outcome], None]) -> None:
     """The sweep's workers run in a directory of its own, removed when the sweep ends
     however it ends: a worker stopped mid-run (Ctrl-C, a crash) cannot clean up after
-    itself, and its stores would stay in tmpfs (RAM) until the machine restarts."""
-    from logsync.sim.runner import scratch_base
+    itself, and its stores would stay in tmpfs (RAM) until the machine restarts. A sweep
+    killed outright is removed by the next run (`sim/scratch.py`)."""
+    from logsync.sim.scratch import claimed_dir, remove_abandoned
 
-    workdir = Path(tempfile.mkdtemp(prefix="logsync-sweep-", dir=scratch_base()))
-    try:
+    remove_abandoned()
+    with claimed_dir("logsync-sweep-") as workdir:
         _sweep(scenario, seeds, workers, run, record, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _sweep(scenario: Any, seeds: list[int], workers: int, run: Callable[[Any], Any],

@@ -19,9 +19,7 @@ from __future__ import annotations
 import gc
 import heapq
 import random
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +33,7 @@ from logsync.sim.driver import Driver
 from logsync.sim.network import Cut, Message, Network
 from logsync.sim.node import SimNode
 from logsync.sim.report import SimReport, percentile
+from logsync.sim.scratch import claimed_dir, remove_abandoned, scratch_base
 from logsync.sim.serve import Sizer, serve, tamper
 from logsync.sim.spec import Scenario, Workload
 from logsync.sim.streams import Streams
@@ -453,25 +452,23 @@ def use_workdir(path: Path | None) -> None:
     _workdir = path
 
 
-def scratch_base() -> Path | None:
-    """tmpfs when there is one (the stores fsync), else the system's temp directory."""
-    return Path("/dev/shm") if Path("/dev/shm").is_dir() else None
-
-
 def run_scenario(scenario: Scenario, *, trace_sink: TextIO | None = None,
                  workdir: Path | None = None) -> SimReport:
-    """Run one seed of a scenario in a fresh temporary directory (tmpfs when there is one)."""
-    base = workdir or _workdir or scratch_base()
+    """Run one seed of a scenario in a fresh directory of its own (`sim/scratch.py`: in
+    tmpfs when there is one, and removed by a later run if this process dies)."""
+    base = workdir or _workdir
+    if base is None:
+        base = scratch_base()
+        remove_abandoned(base)
     started = time.perf_counter()
-    root = Path(tempfile.mkdtemp(prefix="logsync-sim-", dir=base))
     thresholds = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
     try:
-        sim = Simulation(scenario, root, trace_sink)
-        sim.take_backups()
-        report = sim.run(started)
+        with claimed_dir("logsync-sim-", base) as root:
+            sim = Simulation(scenario, root, trace_sink)
+            sim.take_backups()
+            report = sim.run(started)
     finally:
         gc.set_threshold(*thresholds)
-        shutil.rmtree(root, ignore_errors=True)
     report.wall_seconds = time.perf_counter() - started
     return report
