@@ -232,6 +232,49 @@ def test_a_stream_that_decodes_to_nothing_still_meets_the_deadline(tmp_path: Pat
     assert time.monotonic() - began < 10
 
 
+@pytest.mark.parametrize("announced", [True, False], ids=["after-preamble", "before"])
+def test_a_stream_that_decodes_to_nothing_ends_at_a_byte_count_too(
+        tmp_path: Path, announced: bool) -> None:
+    """Skippable frames after (or instead of) a small file: the bytes on the wire are
+    capped by what the file may decode to, long before the deadline."""
+    data = b"x" * 1000
+    head = zstandard.ZstdCompressor(level=1).compress(
+        _preamble(len(data), hashlib.sha256(data).hexdigest()) + data) if announced else b""
+    skippable = struct.pack("<II", 0x184D2A50, 65536) + bytes(65536)
+    sent = 0
+
+    def for_ever() -> Iterator[bytes]:
+        nonlocal sent
+        yield head
+        while sent < 10**9:  # bounded: the cap stops it after a few MiB
+            sent += len(skippable)
+            yield skippable
+
+    receiver = Receiver(tmp_path / "never", 4096, "GET", "p", 600.0)
+    began = time.monotonic()
+    with pytest.raises(PeerProtocolError, match=r"sent more than \d+ bytes on the wire"), \
+            receiver:
+        for out in inflate(receiver.timed(for_ever()), "GET", "p"):
+            receiver.feed(out)
+    assert receiver.encoded_cap() < 3 * 1024 * 1024 and sent < 4 * 1024 * 1024
+    assert time.monotonic() - began < 30
+
+
+def test_a_legitimate_stream_fits_the_encoded_cap(tmp_path: Path) -> None:
+    """Incompressible bytes are what zstd expands most: they still fit."""
+    import os
+
+    data = os.urandom(3 * 1024 * 1024)
+    wire = zstandard.ZstdCompressor(level=1).compress(
+        _preamble(len(data), hashlib.sha256(data).hexdigest()) + data)
+    assert len(wire) > len(data)
+    receiver = Receiver(tmp_path / "random", len(data), "GET", "p", 60.0)
+    with receiver:
+        for out in inflate(receiver.timed(_chunks(wire)), "GET", "p"):
+            receiver.feed(out)
+    assert receiver.finish()["size"] == len(data) and receiver.received == len(wire)
+
+
 def test_a_download_of_skippable_frames_over_http_ends_at_its_deadline(tmp_path: Path) -> None:
     """The same through `download_snapshot` and a real socket: what arrives is timed, not
     only what it decodes to."""

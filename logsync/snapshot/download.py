@@ -55,6 +55,10 @@ MAX_QUEUED = 8 * 1024 * 1024  # bytes received but not yet hashed and written
 BASE_DEADLINE_S = 60.0  # a download must end within this plus a second per MIN_RATE bytes
 ERROR_BODY_BYTES = 64 * 1024  # of a non-200 answer, read for its message
 INFLATE_CHUNK = 1024 * 1024  # decoded bytes handed on at a time
+# What a stream may take on the wire beyond the bytes it decodes to: a 1/128 share
+# (zstd's own bound is 1/256, and 3 bytes per 128 KiB block) and a fixed MiB.
+ENCODED_SLACK_DIVISOR = 128
+ENCODED_SLACK_BYTES = 1024 * 1024
 SPARE_DISK_BYTES = 64 * 1024 * 1024  # left free on the palace's disk after the download
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -171,6 +175,7 @@ class Receiver:
         self.deadline = time.monotonic() + base_deadline_s
         self.preamble: dict[str, Any] | None = None
         self.written = 0
+        self.received = 0  # bytes off the wire, before any decoding
         self._head = bytearray()
         self._sink: _Sink | None = None
         self._sha256: str | None = None
@@ -188,11 +193,25 @@ class Receiver:
             self._out.close()
 
     def timed(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
-        """`chunks`, each let through only within the deadline (what arrives, encoded or
-        not, is checked, not only what it decodes to)."""
+        """`chunks` as they arrive, encoded or not, each let through only within the
+        deadline and within `encoded_cap` of what the file decodes to: a stream of
+        skippable zstd frames, which decode to nothing, ends at a byte count too."""
         for chunk in chunks:
             self.check_deadline()
+            self.received += len(chunk)
+            if self.received > self.encoded_cap():
+                raise PeerProtocolError(f"{self.where} sent more than {self.encoded_cap()} "
+                                        "bytes on the wire, past what a stream of the "
+                                        "announced size can take", peer=self.peer)
             yield chunk
+
+    def encoded_cap(self) -> int:
+        """The most a stream of this file may take on the wire: its size (the byte cap
+        until the preamble announces one) and the preamble, with room for zstd's worst
+        case (incompressible blocks cost 3 bytes each per 128 KiB, plus frame headers)."""
+        size = self.max_bytes if self.preamble is None else self.preamble["size"]
+        whole = size + MAX_PREAMBLE_BYTES
+        return whole + whole // ENCODED_SLACK_DIVISOR + ENCODED_SLACK_BYTES
 
     def check_deadline(self) -> None:
         if time.monotonic() > self.deadline:
