@@ -76,7 +76,8 @@ def test_a_server_makes_its_copy_as_it_starts(tmp_path: Path) -> None:
             made = lambda s=store: [p for p in s.palace.iterdir()  # noqa: E731
                                     if p.name.startswith(SERVE_PREFIX)]
             if store is source and ahead:
-                wait_for(lambda m=made: len(m()) == 1, "the copy made as the server started")
+                wait_for(lambda m=made: sorted(p.suffix for p in m()) == [".sqlite3", ".zst"],
+                         "the copy (and its zstd frame) made as the server started")
             else:
                 time.sleep(0.5)
                 assert made() == [], "no copy: an empty store, or not asked to"

@@ -75,12 +75,88 @@ def test_zstd_is_sent_only_when_asked_and_decodes_to_the_plain_body(source: Stor
         app.state.logsync.close()
     assert "content-encoding" not in plain_headers
     assert int(plain_headers["content-length"]) == len(plain)
-    assert headers["content-encoding"] == "zstd" and "content-length" not in headers
+    assert headers["content-encoding"] == "zstd"
+    assert int(headers["content-length"]) == len(packed)
     assert "accept-encoding" in headers["vary"].lower()
-    assert zstandard.ZstdDecompressor().decompress(packed) == plain
+    # two frames (the preamble's, the copy's), each within the joiner's window
+    assert b"".join(inflate(_chunks(packed), "GET", "p")) == plain
+    preamble_frame = zstandard.ZstdDecompressor().decompressobj()
+    preamble_frame.decompress(packed)
+    assert zstandard.get_frame_parameters(preamble_frame.unused_data).content_size == \
+        len(plain) - len(plain.split(b"\n", 1)[0]) - 1
     assert len(packed) < len(plain) // 2
-    assert zstandard.get_frame_parameters(packed).window_size <= ZSTD_MAX_WINDOW
     assert "content-encoding" not in declined_headers and declined == plain
+
+
+def test_the_copy_is_compressed_once_and_every_joiner_gets_that_frame(
+        source: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    import logsync.snapshot.making as making
+
+    made: list[int] = []
+    real = making.digest_and_compress
+    monkeypatch.setattr(making, "digest_and_compress",
+                        lambda *a, **k: made.append(1) or real(*a, **k))
+    app = create_app(source)
+    try:
+        answers = [_raw_get(app, "zstd")[1] for _ in range(3)]
+        frames = [p for p in source.palace.iterdir() if p.name.endswith(".zst")]
+        assert len(frames) == 1
+        frame = frames[0].read_bytes()
+    finally:
+        app.state.logsync.close()
+    assert made == [1]  # one copy, one compression, three downloads
+    assert answers[0] == answers[1] == answers[2] and answers[0].endswith(frame)
+    assert not [p for p in source.palace.iterdir() if p.name.endswith(".zst")]
+
+
+def test_a_copy_whose_frame_cannot_be_written_is_served_as_it_is(
+        source: Store, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        tmp_path: Path) -> None:
+    """Compression is an optimisation: a full disk while writing the frame costs the
+    joiner the plain file, never the snapshot, and leaves no partial frame behind."""
+    import errno
+
+    import logsync.snapshot.making as making
+
+    writes = 0
+
+    class FullDisk:
+        """The frame's file: its disk fills at the second write."""
+
+        def __init__(self, path: Path) -> None:
+            self.real = path.open("wb")
+
+        def write(self, data: bytes) -> int:
+            nonlocal writes
+            writes += 1
+            if writes >= 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.real.write(data)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.real, name)
+
+    real_init = making._Packed.__init__
+
+    def packed_on_a_full_disk(self: Any, copy: Path, size: int) -> None:
+        real_init(self, copy, size)
+        self._out.close()
+        self._out = FullDisk(self.path)
+        self._writer = making.compressor(size).stream_writer(
+            self._out, size=size, closefd=False, write_size=4096)
+
+    monkeypatch.setattr(making._Packed, "__init__", packed_on_a_full_disk)
+    app = create_app(source)
+    try:
+        headers, body = _raw_get(app, "zstd")
+        assert not [p for p in source.palace.iterdir() if p.name.endswith(".zst")]
+    finally:
+        app.state.logsync.close()
+    assert writes >= 2
+    assert "content-encoding" not in headers and int(headers["content-length"]) == len(body)
+    line, _, data = body.partition(b"\n")
+    assert hashlib.sha256(data).hexdigest() == json.loads(line)["sha256"]
+    assert any("could not be compressed" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize(("value", "wanted"), [
@@ -115,12 +191,12 @@ def test_a_server_never_compresses_past_the_joiner_window(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Level 1 uses a 512 KiB window; a higher level set by a maintainer would ask for up
     to 128 MiB, which every joiner refuses: the server caps it."""
-    import logsync.server.snapshotroute as route
+    import logsync.snapshot.making as making
 
-    monkeypatch.setattr(route, "ZSTD_LEVEL", 22)
+    monkeypatch.setattr(making, "ZSTD_LEVEL", 22)
     assert zstandard.ZstdCompressionParameters.from_level(
         22, source_size=10**9).window_log > ZSTD_MAX_WINDOW.bit_length() - 1
-    encoder = route._encoder(10**9)
+    encoder = making.compressor(10**9).compressobj(size=10**9)
     head = encoder.compress(b"x" * 1000) + encoder.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
     assert zstandard.get_frame_parameters(head).window_size == ZSTD_MAX_WINDOW
 

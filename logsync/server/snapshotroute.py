@@ -6,28 +6,28 @@ thread) and shared by every request while the vector is unchanged; at most
 `SEND_BASE_S` plus one second per `MIN_RATE` bytes, or the connection is cut (the server's
 write-stall limit, `limits.WRITE_STALL_S`, already cuts a client that reads nothing).
 
-A joiner that sends `Accept-Encoding: zstd` gets the whole body (preamble and file) as
-one zstd frame, compressed as it is sent (level 1, a window of at most
-`snapshot.ZSTD_MAX_WINDOW`): a store's text shrinks several times over, so a joiner
-behind a real network waits for far fewer bytes, and even on loopback the bytes both
-HTTP stacks handle shrink. Anyone else gets the file as it is.
+A joiner that sends `Accept-Encoding: zstd` gets the body as two zstd frames: its
+preamble's, then the copy's, compressed once when the copy was made (`making`): a
+store's text shrinks several times over, so a joiner behind a real network waits for far
+fewer bytes, and even on loopback the bytes both HTTP stacks handle shrink. Anyone else,
+or every joiner when the copy has no frame, gets the file as it is.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, BinaryIO
 
 import anyio
-import zstandard
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from logsync.server.common import _error, _Server
-from logsync.snapshot import SHA256_HEADER, SIZE_HEADER, SNAPSHOT_TYPE, ZSTD_MAX_WINDOW
+from logsync.snapshot import SHA256_HEADER, SIZE_HEADER, SNAPSHOT_TYPE
 from logsync.snapshot.making import SnapshotCache, SnapshotFile
 
 logger = logging.getLogger("logsync.server")
@@ -37,8 +37,6 @@ WARM_MAX_BYTES = 256 * 1024 * 1024  # a store up to this size is copied as the s
 SEND_BASE_S = 60.0
 MIN_RATE = 1024 * 1024  # bytes per second a download must average past SEND_BASE_S
 CHUNK = 256 * 1024
-ZSTD_CHUNK = 1024 * 1024  # read and compressed per worker-thread call
-ZSTD_LEVEL = 1
 
 
 class SnapshotStreamTimeout(Exception):
@@ -55,36 +53,28 @@ async def sync_snapshot(request: Request) -> Response:
         made = await srv.run(lambda store: _current(srv, store))
     if made is None:
         return _error(501, "this server's store cannot be copied as a snapshot")
-    try:
-        handle = made.path.open("rb")  # held open: a replaced copy stays readable
+    zstd = made.zstd_path is not None and accepts_zstd(
+        ",".join(request.headers.getlist("accept-encoding")))
+    try:  # held open: a replaced copy stays readable
+        handle = (made.zstd_path if zstd and made.zstd_path else made.path).open("rb")
+        size = os.fstat(handle.fileno()).st_size
     except OSError as exc:
         return _error(503, f"the snapshot copy went missing ({exc.strerror}); retry",
                       {"Retry-After": "1"})
-    try:
-        preamble, headers, encoder = _answer_shape(request, made)
-    except BaseException:
-        handle.close()
-        raise
+    first = made.zstd_preamble() if zstd else made.preamble()
+    headers = {SHA256_HEADER: made.sha256, SIZE_HEADER: str(made.size),
+               "Cache-Control": "no-store", "Vary": "Accept-Encoding",
+               "Content-Length": str(len(first) + size)}
+    if zstd:
+        headers["Content-Encoding"] = "zstd"
     deadline = time.monotonic() + SEND_BASE_S + made.size / MIN_RATE
     logger.info("serving a snapshot of %d bytes (%d origins%s)", made.size, len(made.vector),
-                ", zstd" if encoder is not None else "")
+                f", {size} as zstd" if zstd else "")
     state.streams += 1  # released by the answer however it ends, so taken just before it
     return _SnapshotResponse(
-        lambda: _release(state, handle), _body(handle, preamble, deadline, encoder),
+        lambda: _release(state, handle), _body(handle, first, deadline),
         media_type=SNAPSHOT_TYPE, headers=headers,
     )
-
-
-def _answer_shape(request: Request, made: SnapshotFile) -> tuple[bytes, dict[str, str], Any]:
-    """The preamble, the headers, and the zstd encoder when the joiner asked for it."""
-    preamble = made.preamble()
-    headers = {SHA256_HEADER: made.sha256, SIZE_HEADER: str(made.size),
-               "Cache-Control": "no-store", "Vary": "Accept-Encoding"}
-    if not accepts_zstd(",".join(request.headers.getlist("accept-encoding"))):
-        headers["Content-Length"] = str(len(preamble) + made.size)
-        return preamble, headers, None
-    headers["Content-Encoding"] = "zstd"  # its length is known only once sent
-    return preamble, headers, _encoder(len(preamble) + made.size)
 
 
 def accepts_zstd(accept_encoding: str) -> bool:
@@ -104,16 +94,6 @@ def accepts_zstd(accept_encoding: str) -> bool:
 
 
 _QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
-
-
-def _encoder(size: int) -> Any:
-    """One zstd frame for `size` bytes, in a window a joiner accepts."""
-    params = zstandard.ZstdCompressionParameters.from_level(ZSTD_LEVEL, source_size=size)
-    cap = ZSTD_MAX_WINDOW.bit_length() - 1
-    if params.window_log > cap:
-        params = zstandard.ZstdCompressionParameters.from_level(
-            ZSTD_LEVEL, source_size=size, window_log=cap)
-    return zstandard.ZstdCompressor(compression_params=params).compressobj(size=size)
 
 
 async def warm(srv: _Server) -> None:
@@ -185,30 +165,15 @@ def _release(state: _State, handle: BinaryIO) -> None:
         state.streams -= 1
 
 
-async def _body(handle: BinaryIO, preamble: bytes, deadline: float,
-                encoder: Any = None) -> AsyncIterator[bytes]:
-    """The preamble, then the file a chunk at a time (read, and compressed when `encoder`
-    is set, on a worker thread)."""
-    first = preamble if encoder is None else encoder.compress(preamble)
-    if first:
-        yield first
+async def _body(handle: BinaryIO, first: bytes, deadline: float) -> AsyncIterator[bytes]:
+    """The preamble (or its frame), then the file (or its frame) a chunk at a time, each
+    read on a worker thread."""
+    yield first
     while True:
         if time.monotonic() > deadline:
             logger.warning("a snapshot download ran past its deadline: cut off")
             raise SnapshotStreamTimeout("the snapshot download ran past its deadline")
-        chunk, done = await anyio.to_thread.run_sync(_next_chunk, handle, encoder)
-        if chunk:
-            yield chunk
-        if done:
+        chunk = await anyio.to_thread.run_sync(handle.read, CHUNK)
+        if not chunk:
             return
-
-
-def _next_chunk(handle: BinaryIO, encoder: Any) -> tuple[bytes, bool]:
-    """The next bytes to send, and whether they are the last."""
-    if encoder is None:
-        chunk = handle.read(CHUNK)
-        return chunk, not chunk
-    chunk = handle.read(ZSTD_CHUNK)
-    if not chunk:
-        return encoder.flush(), True  # ends the frame
-    return encoder.compress(chunk), False
+        yield chunk

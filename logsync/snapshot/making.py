@@ -7,15 +7,22 @@ that are this replica's own (its conflicts, quarantine and health rows) are dele
 the copy, and its own keyring row stops saying `self`. The copy is served while it is
 fresh enough: a snapshot is joined and then tailed by vector (RFC 004 §9.6), so a copy a
 few ops behind the store costs its joiner one short pull, while making a new one costs a
-full copy. At most one file, removed when a newer copy replaces it and at close. A
+full copy. At most one copy, removed when a newer copy replaces it and at close. A
 stream already reading a replaced file keeps its open descriptor, so replacing never cuts
 a download short.
+
+The pass that hashes the copy also compresses it into a zstd frame beside it (level 1, a
+window a joiner accepts): every joiner that asks for zstd is sent that frame after a
+small frame of its own preamble (frames in sequence decode as one body), so a copy is
+compressed once, not once per download. A copy whose frame could not be written (a full
+disk) is served as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import sqlite3
 import tempfile
@@ -24,14 +31,20 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import zstandard
 
 from logsync.keys import certifies
 from logsync.pagechain import CHECKPOINT
 from logsync.responder import json_bytes
-from logsync.snapshot import LOCAL_ONLY_TABLES, SERVE_PREFIX, SNAPSHOT_FORMAT
+from logsync.snapshot import LOCAL_ONLY_TABLES, SERVE_PREFIX, SNAPSHOT_FORMAT, ZSTD_MAX_WINDOW
 from logsync.store.faults import BUSY_TIMEOUT_S
 
+logger = logging.getLogger("logsync.server")
+
 HASH_CHUNK = 1024 * 1024
+ZSTD_LEVEL = 1  # ~0.9 GB/s on one core; the copy's text still shrinks ~13x
 # A cached copy is served while the store holds at most this many ops more than it and
 # it is at most this old; past either, the next request makes a new one.
 STALE_OPS = 2000
@@ -48,11 +61,22 @@ class SnapshotFile:
     sha256: str
     replica_id: str
     made_at: float = field(default_factory=time.monotonic)
+    zstd_path: Path | None = None  # the copy as one zstd frame (None: could not be made)
 
     def preamble(self) -> bytes:
         return json_bytes({"format": SNAPSHOT_FORMAT, "replica_id": self.replica_id,
                            "vector": self.vector, "size": self.size,
                            "sha256": self.sha256}) + b"\n"
+
+    def zstd_preamble(self) -> bytes:
+        """The preamble as a zstd frame of its own, sent before `zstd_path`'s."""
+        return compressor(len(self.preamble())).compress(self.preamble())
+
+    def remove(self) -> None:
+        for path in (self.path, self.zstd_path):
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
 
 class SnapshotCache:
@@ -83,8 +107,7 @@ class SnapshotCache:
                 self._file = None
                 old = made
         if old is not None:
-            with contextlib.suppress(OSError):
-                old.path.unlink()
+            old.remove()
         return made
 
     def fresh(self, held: SnapshotFile, vector: Mapping[str, int]) -> bool:
@@ -104,8 +127,7 @@ class SnapshotCache:
             self._closed = True
             held, self._file = self._file, None
         if held is not None:
-            with contextlib.suppress(OSError):
-                held.path.unlink()
+            held.remove()
 
 
 def remove_stale(directory: Path, prefix: str) -> None:
@@ -140,12 +162,12 @@ def make_copy(db_path: Path, replica_id: str) -> SnapshotFile:
                 "WHERE origin_replica IS NOT NULL GROUP BY origin_replica")}
         finally:
             target.close()
-        size, digest = file_digest(path)
+        size, digest, packed = digest_and_compress(path)
     except BaseException:
         with contextlib.suppress(OSError):
             path.unlink()
         raise
-    return SnapshotFile(path, vector, size, digest, replica_id)
+    return SnapshotFile(path, vector, size, digest, replica_id, zstd_path=packed)
 
 
 # Signatures other than each origin's checkpoints and its highest signed op: a joiner drops
@@ -179,11 +201,83 @@ def scrub(conn: sqlite3.Connection, replica_id: str) -> None:
     conn.execute("COMMIT")
 
 
-def file_digest(path: Path) -> tuple[int, str]:
-    """(size, SHA-256 hex) of a file, read a chunk at a time."""
+def digest_and_compress(path: Path, *, compress: bool = True) -> tuple[int, str, Path | None]:
+    """(size, SHA-256 hex, the file as one zstd frame beside it) in one read of the file.
+    The frame is None when it cannot be written (it is an optimisation: the copy is served
+    as it is); a failure to read the file itself raises."""
     digest, size = hashlib.sha256(), 0
-    with path.open("rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
+    packed = _Packed(path, path.stat().st_size) if compress else None
+    try:
+        with path.open("rb") as handle:
+            while chunk := handle.read(HASH_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                if packed is not None:
+                    packed.write(chunk)
+        return size, digest.hexdigest(), packed.finish(size) if packed is not None else None
+    except BaseException:
+        if packed is not None:
+            packed.discard()
+        raise
+
+
+def compressor(size: int) -> Any:
+    """A zstd compressor for one frame of `size` bytes, in a window a joiner accepts."""
+    params = zstandard.ZstdCompressionParameters.from_level(ZSTD_LEVEL, source_size=size)
+    cap = ZSTD_MAX_WINDOW.bit_length() - 1
+    if params.window_log > cap:
+        params = zstandard.ZstdCompressionParameters.from_level(
+            ZSTD_LEVEL, source_size=size, window_log=cap)
+    return zstandard.ZstdCompressor(compression_params=params)
+
+
+class _Packed:
+    """The zstd frame of a copy, written as the copy is read; on a write failure it
+    stops, logs once and yields None."""
+
+    def __init__(self, copy: Path, size: int) -> None:
+        self.path: Path | None = copy.with_name(copy.name + ".zst")
+        self._size = size
+        try:
+            self._out: Any = self.path.open("wb")
+            self._writer = compressor(size).stream_writer(self._out, size=size,
+                                                          closefd=False)
+        except (OSError, zstandard.ZstdError) as exc:
+            self._fail(exc)
+
+    def write(self, chunk: bytes) -> None:
+        if self.path is None:
+            return
+        try:
+            self._writer.write(chunk)
+        except (OSError, zstandard.ZstdError) as exc:
+            self._fail(exc)
+
+    def finish(self, size: int) -> Path | None:
+        if self.path is None:
+            return None
+        if size != self._size:  # the copy changed under us: never serve a frame of another
+            self._fail(OSError(f"the copy was {self._size} bytes and then {size}"))
+            return None
+        try:
+            self._writer.flush(zstandard.FLUSH_FRAME)
+            self._out.close()
+        except (OSError, zstandard.ZstdError) as exc:
+            self._fail(exc)
+        return self.path
+
+    def discard(self) -> None:
+        if self.path is not None:
+            self._fail(None)
+
+    def _fail(self, exc: BaseException | None) -> None:
+        if exc is not None:
+            logger.warning("the snapshot copy could not be compressed (%s): joiners that "
+                           "ask for zstd get it as it is", exc)
+        out, path, self.path = getattr(self, "_out", None), self.path, None
+        if out is not None:
+            with contextlib.suppress(OSError):
+                out.close()
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
