@@ -52,6 +52,7 @@ from logsync.errors import (
     PeerError,
     PeerProtocolError,
     PeerTooLargeError,
+    ValidationError,
     shorten,
 )
 from logsync.fetchpolicy import (
@@ -59,7 +60,7 @@ from logsync.fetchpolicy import (
     FetchPolicy,
     PeerDeadlineError,
 )
-from logsync.peers import redact_url
+from logsync.peers import check_url, redact_url
 from logsync.prefetch import Prefetcher
 from logsync.push import PushReport, push_round
 from logsync.wire import Batch, Extensions, Request, Step
@@ -442,19 +443,16 @@ def _advance(gen: Generator[Any, Any, Any], how: str, value: Any) -> tuple[bool,
 
 
 def _check_url(url: object) -> str:
-    shown = shorten(redact_url(url) if isinstance(url, str) else url)
+    """`peers.check_url`'s rule, then httpx's own parse (what it refuses, it could not
+    request)."""
     try:
-        parsed = httpx.URL(url) if isinstance(url, str) else None
-    except httpx.InvalidURL:
-        parsed = None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigError(f"peer url {shown} is invalid: expected http(s)://host[:port]")
-    if parsed.port is not None and not 1 <= parsed.port <= 65535:
-        raise ConfigError(f"peer url {shown} is invalid: the port must be 1-65535")
-    if parsed.query or parsed.fragment:
-        raise ConfigError(f"peer url {shown} is invalid: it must not carry a "
-                          "query or fragment (the request paths are joined onto it)")
-    return str(parsed).rstrip("/")
+        checked = check_url(url)
+        return str(httpx.URL(checked)).rstrip("/")
+    except ValidationError as exc:
+        raise ConfigError(str(exc)) from None
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"peer url {shorten(redact_url(str(url)))} is invalid: "
+                          f"{exc}") from None
 
 
 def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext | bool:

@@ -3,6 +3,7 @@ kept apart from the daemon so the CLI and tests build one without the server sta
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,8 +51,9 @@ class DaemonConfig:
             raise ConfigError("--tls-cert and --tls-key go together: pass both or neither")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port={self.port} is invalid: must be 0-65535")
-        if self.interval <= 0:
-            raise ConfigError(f"interval={self.interval} is invalid: must be > 0 seconds")
+        if not 0 < self.interval < math.inf:
+            raise ConfigError(f"interval={self.interval} is invalid: must be a finite number "
+                              "of seconds above 0")
         if not 0 <= self.coalesce <= 1:
             raise ConfigError(f"coalescing frames over {self.coalesce} s is invalid: must be "
                               "0 (off) to 1 second")

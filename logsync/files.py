@@ -71,3 +71,46 @@ def _synced_temp(path: Path, text: str, mode: int) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return tmp
+
+
+MAX_JSON_FILE_BYTES = 64 * 1024 * 1024  # a palace's own JSON files are far smaller
+
+
+class UnreadableJSON(Exception):
+    """A local JSON file that cannot be read or parsed: `path`, and `reason` (a phrase:
+    "is not valid JSON (…)"); `damaged` is False when the file could not be read at all
+    (permissions, a broken disk) rather than read and found wrong."""
+
+    def __init__(self, path: Path, reason: str, *, damaged: bool = True) -> None:
+        super().__init__(f"{path} {reason}")
+        self.path, self.reason, self.damaged = path, reason, damaged
+
+
+def read_json(path: Path, *, max_bytes: int = MAX_JSON_FILE_BYTES) -> object:
+    """The parsed content of a palace's own JSON file (peers, identity, peer state).
+    `FileNotFoundError` passes through (each caller knows what a missing file means);
+    any other failure, a hand edit or a broken disk, is `UnreadableJSON`."""
+    import json
+
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise UnreadableJSON(path, f"cannot be read: {exc.strerror or exc}",
+                             damaged=False) from None
+    if len(raw) > max_bytes:
+        raise UnreadableJSON(path, f"is larger than {max_bytes} bytes, more than such a "
+                             "file ever holds")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnreadableJSON(path, f"is not UTF-8 text ({exc.reason} at byte "
+                             f"{exc.start})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise UnreadableJSON(path, "nests its JSON deeper than can be read") from None
+    except ValueError as exc:
+        raise UnreadableJSON(path, f"is not valid JSON ({exc})") from None

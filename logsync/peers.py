@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from logsync.errors import ConfigError, NotFoundError, ValidationError
-from logsync.files import make_private_dir, write_atomic
+from logsync.files import UnreadableJSON, make_private_dir, read_json, write_atomic
 
 PEERS_FILENAME = "peers.json"
 
@@ -48,10 +48,16 @@ class Peer:
 
 
 def check_url(url: object) -> str:
-    """An http(s) URL with a host and, if given, a port 1-65535; the trailing slash dropped."""
+    """An http(s) URL with a host and, if given, a port 1-65535; the trailing slash dropped.
+    The one rule for a peer's URL: `peers add`, peers.json, `--peer` and `PeerClient`."""
     if not isinstance(url, str) or not url.strip():
         raise ValidationError(f"peer url={url!r} is invalid: must be an http:// or https:// URL")
     shown = redact_url(url.strip())
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url.strip()):
+        # urlsplit drops tabs and newlines silently: the URL checked would not be the one
+        # stored and later requested
+        raise ValidationError(f"peer url={shown!r} is invalid: it must not contain spaces "
+                              "or control characters")
     try:
         parts = urlsplit(url.strip())
         port = parts.port
@@ -107,7 +113,9 @@ def _mask_pair(pair: str) -> str:
 
 
 def check_token(token: object, what: str = "token") -> str | None:
-    """None for no token; a token must be a string with no whitespace at either end only."""
+    """None for no token; else printable ASCII without spaces (RFC 6750's bearer token
+    is narrower still), since it travels in an HTTP header: anything else would fail on
+    every request instead of here."""
     if token is None or token == "":
         return None
     if not isinstance(token, str):
@@ -116,6 +124,9 @@ def check_token(token: object, what: str = "token") -> str | None:
         raise ValidationError(
             f"{what} is whitespace only: pass a real token or none at all"
         )
+    if not all(0x21 <= ord(c) <= 0x7E for c in token):
+        raise ValidationError(f"{what} is invalid: a token must be printable ASCII without "
+                              "spaces or control characters")
     return token
 
 
@@ -137,15 +148,11 @@ def load_peers(palace: Path) -> list[Peer]:
     """The configured peers; a missing file means none, a malformed one is an error."""
     path = peers_path(palace)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_json(path)
     except FileNotFoundError:
         return []
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc})") from None
+    except UnreadableJSON as exc:
+        raise ConfigError(str(exc)) from None
     entries = data.get("peers") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ConfigError(f"{path} must be an object with a 'peers' list")
@@ -162,11 +169,10 @@ def _peer_from(entry: object, path: Path, index: int) -> Peer:
         name = check_name(raw_name) if raw_name not in (None, "") else None
     except ValidationError as exc:
         raise ConfigError(f"{path}: peers[{index}]: {exc}{named}") from None
-    token = entry.get("token")
-    if token is not None and not isinstance(token, str):
-        raise ConfigError(f"{path}: peers[{index}].token must be a string")
-    if isinstance(token, str) and token and not token.strip():
-        raise ConfigError(f"{path}: peers[{index}].token is whitespace only")
+    try:
+        token = check_token(entry.get("token"), f"peers[{index}].token")
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {exc}{named}") from None
     push = entry.get("push", False)
     if not isinstance(push, bool):
         raise ConfigError(f"{path}: peers[{index}].push={push!r} must be true or false")

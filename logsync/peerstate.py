@@ -33,7 +33,7 @@ from typing import Any
 
 from logsync.engine import error_kind as engine_error_kind
 from logsync.errors import ConfigError
-from logsync.files import write_atomic
+from logsync.files import UnreadableJSON, read_json, write_atomic
 from logsync.report import RoundReport
 
 PEER_STATE_FILENAME = "peer_state.json"
@@ -306,15 +306,12 @@ class PeerBook:
         """Read `peer_state.json`; an empty book if there is none yet."""
         path = Path(palace) / PEER_STATE_FILENAME
         try:
-            text = path.read_text(encoding="utf-8")
+            data = read_json(path)
         except FileNotFoundError:
             return cls()
-        except OSError as exc:
-            raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-        try:
-            data = json.loads(text)
-        except ValueError:
-            raise ConfigError(f"{path} is not valid JSON; delete it to start afresh") from None
+        except UnreadableJSON as exc:
+            advice = "; delete it to start afresh" if exc.damaged else ""
+            raise ConfigError(f"{exc}{advice}") from None
         return cls.from_json(data, str(path))
 
     def save(self, palace: str | os.PathLike[str]) -> Path:

@@ -29,7 +29,7 @@ from pathlib import Path
 from nacl.signing import SigningKey
 
 from logsync.errors import ReplicaIdentityError
-from logsync.files import write_atomic, write_exclusive
+from logsync.files import UnreadableJSON, read_json, write_atomic, write_exclusive
 from logsync.ids import REPLICA_ID_RE, is_replica_id
 from logsync.keyfile import load_or_mint_signing_key
 from logsync.keys import KEY_FILENAME, public_key_of, self_certifying_id
@@ -53,19 +53,21 @@ def read_replica_id(palace: Path, *, finish: bool = True) -> str | None:
     place), so the id is never returned beside the old key."""
     path = Path(palace) / REPLICA_FILENAME
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_json(path)
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        raise ReplicaIdentityError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-        replica_id = data["replica_id"]
-    except (ValueError, KeyError, TypeError):
+    except UnreadableJSON as exc:
+        if not exc.damaged:
+            raise ReplicaIdentityError(str(exc)) from None
+        raise ReplicaIdentityError(
+            f"{path} is corrupt: it {exc.reason}; refusing to mint a second identity for "
+            "this palace: restore the file or delete it explicitly") from None
+    if not isinstance(data, dict) or "replica_id" not in data:
         raise ReplicaIdentityError(
             f"{path} is corrupt (expected a JSON object with a replica_id); refusing to "
             "mint a second identity for this palace: restore the file or delete it explicitly"
-        ) from None
+        )
+    replica_id = data["replica_id"]
     if not is_replica_id(replica_id):
         raise ReplicaIdentityError(
             f"{path} holds replica_id={replica_id!r}, which is not 'rep_' followed by 12 or "

@@ -6,6 +6,7 @@ carries out what these decide.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -114,8 +115,9 @@ class PullSchedule:
     def __post_init__(self) -> None:
         for name in ("interval", "debounce", "backoff_base", "backoff_cap"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or value < 0:
-                raise ValidationError(f"{name}={value!r} must be a non-negative number of seconds")
+            if not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise ValidationError(f"{name}={value!r} must be a non-negative, finite "
+                                      "number of seconds")
         if not 0 <= self.jitter < 1:
             raise ValidationError(f"jitter={self.jitter!r} must be a fraction in [0, 1)")
 

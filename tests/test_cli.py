@@ -328,7 +328,7 @@ def test_errors_are_one_line_and_json_with_json(run: Any, args: list[str],
 
 def test_stdin_that_is_not_utf8_is_a_clear_error(run: Any) -> None:
     result = run("artifact", "put", "--kind", "note", "--created-by", "c", input=b"\xff\xfe")
-    assert_one_line_error(result, "input is not valid UTF-8")
+    assert_one_line_error(result, "standard input is not UTF-8 text (invalid start byte at byte 0)")
 
 
 def test_a_corrupt_replica_file_is_a_clear_error(run: Any, palace: Path) -> None:

@@ -409,7 +409,7 @@ def test_batch_failure_fails_only_its_origin(pair):
 
 def test_bad_urls_and_ca_files_are_config_errors(tmp_path):
     for url in ("ftp://x", "no-scheme", "http://"):
-        with pytest.raises(ConfigError, match="is invalid: expected http"):
+        with pytest.raises(ConfigError, match="is invalid: must be an http:// or https:// URL"):
             PeerClient(url)
     with pytest.raises(ConfigError, match="CA file"):
         PeerClient(URL, ca_file=str(tmp_path / "missing.pem"))

@@ -115,7 +115,7 @@ def test_a_dripping_answer_ends_at_the_request_deadline() -> None:
 @pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://127.0.0.1:0"])
 def test_a_port_out_of_range_is_a_config_error(url: str) -> None:
     """Finding 4: port 99999 reached the socket layer as an OverflowError."""
-    with pytest.raises(ConfigError, match="port must be 1-65535"):
+    with pytest.raises(ConfigError, match="the port must be a number from 1 to 65535"):
         PeerClient(url)
 
 

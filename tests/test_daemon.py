@@ -172,6 +172,29 @@ def test_peers_json_is_reread_while_running(daemons) -> None:
     wait_for(lambda: len(event_ids(b.palace)) == 1, 10, "b did not pick up its new peer", b)
 
 
+@pytest.mark.parametrize("damage, said", [
+    (b"\xff", "is not UTF-8 text"),
+    (b'{"peers": ' + b"[" * 100_000, "nests its JSON deeper than can be read"),
+    (b'{"peers": [', "is not valid JSON"),
+], ids=["not-utf8", "nested", "truncated"])
+def test_a_damaged_peers_json_keeps_the_daemon_and_its_peers(daemons, damage: bytes,
+                                                             said: str) -> None:
+    """A hand edit gone wrong while the daemon runs: one logged sentence naming the file,
+    the current peers kept, the daemon serving and pulling on."""
+    a, b = daemons("a", interval=1), daemons("b", interval=1)
+    peer(b, a)
+    time.sleep(1.5)  # b's loop for a is running
+    (b.palace / "peers.json").write_bytes(damage)
+    wait_for(lambda: said in b.log.read_text(), 10, "the damaged file was never reported", b)
+    appended = json.loads(run(a.palace, "append", "--type", "note", "--stream", "s",
+                              "--room", "r", "--from-agent", "pi@a", "--json").stdout)
+    wait_for(lambda: appended["id"] in event_ids(b.palace), 10, "b stopped pulling a", b)
+    log = b.log.read_text()
+    assert b.proc.poll() is None and "Traceback" not in log, log[-3000:]
+    assert "peers.json" in log and "keeping the current peers" in log
+    assert b.stop() == 0
+
+
 def test_sync_once_then_nothing_and_failure_exit_code(daemons, tmp_path: Path) -> None:
     a = daemons("a")
     for i in range(3):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ import click
 import platformdirs
 
 from logsync.errors import LogsyncError, ValidationError, shorten
+from logsync.model import MAX_ARTIFACT_BYTES
 from logsync.store import DB_FILENAME, Store
 from logsync.store.faults import StoreNeedsWrite
 
@@ -27,9 +29,29 @@ def default_palace() -> Path:
     return Path(platformdirs.user_data_dir("logsync", appauthor=False)) / "palace"
 
 
-def palace_of(ctx: click.Context) -> Path:
-    obj = ctx.find_root().obj or {}
-    return Path(obj.get("palace") or default_palace()).expanduser()
+def palace_of(ctx: click.Context, named: str | None = None) -> Path:
+    """The palace a command works on: `named` (a command's own argument) if given, else
+    the group's --palace, else the per-user default. A name that is empty or blank (an
+    unset shell variable, `--palace "$PALACE"`) is refused, never taken as the default:
+    that would write to another replica than the one meant."""
+    if named is None:
+        named = (ctx.find_root().obj or {}).get("palace")
+    if named is not None and not named.strip():
+        raise click.BadParameter(f"palace {named!r} is invalid: must name a directory "
+                                 "(leave --palace out for the default palace)")
+    return Path(named or default_palace()).expanduser()
+
+
+class FiniteRange(click.FloatRange):
+    """click's `FloatRange`, refusing NaN and the infinities, which pass its comparisons
+    (`nan < 0.1` is false): a NaN interval made the daemon's schedule spin."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 class NoPalaceError(LogsyncError):
@@ -144,10 +166,36 @@ def handles_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def read_stdin_exact() -> str:
-    """Bytes, not the text layer: CRLF must reach the store as written."""
+def read_stdin_exact(max_bytes: int = MAX_ARTIFACT_BYTES) -> str:
+    """Bytes, not the text layer: CRLF must reach the store as written. At most
+    `max_bytes` are taken (`/dev/zero` piped in must not fill memory)."""
     buffer = getattr(sys.stdin, "buffer", None)
-    return sys.stdin.read() if buffer is None else buffer.read().decode("utf-8")
+    if buffer is None:
+        text = sys.stdin.read(max_bytes + 1)
+        if len(text.encode("utf-8")) > max_bytes:
+            raise _too_long("standard input", max_bytes)
+        return text
+    return _decoded(_bounded(buffer, "standard input", max_bytes), "standard input")
+
+
+def _bounded(handle: Any, name: str, max_bytes: int) -> bytes:
+    data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise _too_long(name, max_bytes)
+    return data
+
+
+def _too_long(name: str, max_bytes: int) -> ValidationError:
+    return ValidationError(f"{name} holds more than {max_bytes} bytes: the maximum is "
+                           f"{max_bytes} bytes of UTF-8")
+
+
+def _decoded(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"{name} is not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start})") from None
 
 
 def write_stdout_exact(content: str) -> None:
@@ -160,14 +208,18 @@ def write_stdout_exact(content: str) -> None:
     buffer.flush()
 
 
-def read_text(inline: str | None, path: str | None, default: str | None = "") -> str | None:
-    """Inline text or a file ('-' = stdin), byte-exact."""
+def read_text(inline: str | None, path: str | None, default: str | None = "", *,
+              max_bytes: int = MAX_ARTIFACT_BYTES) -> str | None:
+    """Inline text or a file ('-' = stdin), byte-exact; a file or stream is read only up
+    to `max_bytes` (the store's own limit for what it is read into), so a device or a
+    huge file is refused without being held."""
     if inline is not None and path is not None:
         raise ValidationError("pass inline text or a file, not both")
     if path is not None:
         if path == "-":
-            return read_stdin_exact()
-        return Path(os.path.expanduser(path)).read_bytes().decode("utf-8")
+            return read_stdin_exact(max_bytes)
+        with Path(os.path.expanduser(path)).open("rb") as handle:
+            return _decoded(_bounded(handle, path, max_bytes), path)
     return inline if inline is not None else default
 
 
@@ -176,6 +228,9 @@ def parse_metadata(raw: str | None) -> dict[str, Any] | None:
         return None
     try:
         value = json.loads(raw)
+    except RecursionError:
+        raise ValidationError(f"--metadata={shorten(raw)} nests deeper than can be "
+                              "read") from None
     except ValueError as exc:
         raise ValidationError(f"--metadata={shorten(raw)} is not valid JSON ({exc})") from None
     if not isinstance(value, dict):

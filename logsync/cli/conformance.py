@@ -7,7 +7,7 @@ import sys
 import click
 
 from logsync import peers as peers_mod
-from logsync.cli._common import emit_json, handles_errors, json_option
+from logsync.cli._common import FiniteRange, emit_json, handles_errors, json_option
 from logsync.cli.group import cli
 from logsync.conformance import DEFAULT_DEADLINE_S, DEFAULT_MAX_REQUESTS, DEFAULT_TIMEOUT_S
 
@@ -28,10 +28,10 @@ be checked (unreachable, refuses the token, or its version vector is unusable)."
 @click.option("--writable", is_flag=True,
               help="Also push two ops of a fresh origin (if the peer advertises push); they "
                    "stay on the peer. Example: --writable")
-@click.option("--timeout", type=click.FloatRange(0.1, 300), default=DEFAULT_TIMEOUT_S,
+@click.option("--timeout", type=FiniteRange(0.1, 300), default=DEFAULT_TIMEOUT_S,
               show_default=True, help="Seconds one request may take, body included. "
               "Example: --timeout 5")
-@click.option("--deadline", type=click.FloatRange(1, 3600), default=DEFAULT_DEADLINE_S,
+@click.option("--deadline", type=FiniteRange(1, 3600), default=DEFAULT_DEADLINE_S,
               show_default=True, help="Seconds the whole run may take. Example: --deadline 60")
 @click.option("--max-requests", type=click.IntRange(10, 10_000), default=DEFAULT_MAX_REQUESTS,
               show_default=True, help="Requests the run may make. Example: --max-requests 200")

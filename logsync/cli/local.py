@@ -7,7 +7,6 @@ store read-only and write nothing (`_common.open_store`).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -29,7 +28,7 @@ from logsync.cli._common import (
 from logsync.cli.group import cli
 from logsync.cli.replication import sync_cmd
 from logsync.errors import NotFoundError
-from logsync.model import ARTIFACT_KINDS, EVENT_STATUSES
+from logsync.model import ARTIFACT_KINDS, EVENT_STATUSES, MAX_BODY_BYTES
 from logsync.store import Store
 from logsync.store.signing_state import phrase, read_signing_states
 from logsync.store.waiting import wait_events
@@ -94,7 +93,7 @@ def init(ctx: click.Context, as_json: bool, directory: str | None) -> None:
     \b
       logsync init ~/palace
     """
-    palace = Path(directory).expanduser() if directory else palace_of(ctx)
+    palace = palace_of(ctx, directory)
     with open_store(ctx, palace=palace) as store:
         payload = {"palace": str(store.palace), "replica_id": store.replica_id,
                    "db_path": str(store.db_path)}
@@ -138,7 +137,8 @@ def append(ctx: click.Context, as_json: bool, type_: str, body: str | None,
     with open_store(ctx, must_exist=True) as store:
         event = store.append_event(
             type_, fields.pop("stream"), fields.pop("room"), fields.pop("from_agent"),
-            body=read_text(body, body_file), metadata=parse_metadata(metadata),
+            body=read_text(body, body_file, max_bytes=MAX_BODY_BYTES),
+            metadata=parse_metadata(metadata),
             artifact_ids=list(artifact_id) or None, **fields,
         )
     if as_json:

@@ -85,7 +85,7 @@ def _printable(text: str, limit: int = 200) -> str:
 
 
 @conflicts_cmd.command("review")
-@click.argument("ids", nargs=-1, type=click.IntRange(min=1))
+@click.argument("ids", nargs=-1, type=click.IntRange(1, 2**63 - 1))
 @click.option("--all", "all_", is_flag=True,
               help="Mark every unreviewed conflict (those --origin and --kind select).")
 @click.option("--origin", default=None, help=ORIGIN_HELP + " Only with --all.")

@@ -6,7 +6,6 @@ import logging
 import sys
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -14,7 +13,14 @@ import click
 
 from logsync import peers as peers_mod
 from logsync import progress
-from logsync.cli._common import emit_json, handles_errors, json_option, open_store, palace_of
+from logsync.cli._common import (
+    FiniteRange,
+    emit_json,
+    handles_errors,
+    json_option,
+    open_store,
+    palace_of,
+)
 from logsync.cli.group import cli
 from logsync.defaults import (
     DEFAULT_CACHE_MIB,
@@ -43,7 +49,8 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
               help="Port to bind (0: any free port, printed at start).")
 @click.option("--token", envvar="LOGSYNC_TOKEN", help="Bearer token (env LOGSYNC_TOKEN); "
               "required for a non-loopback bind.")
-@click.option("--interval", type=float, default=DEFAULT_INTERVAL_S, show_default=True,
+@click.option("--interval", type=FiniteRange(0, 86_400, min_open=True),
+              default=DEFAULT_INTERVAL_S, show_default=True,
               help="Anti-entropy interval in seconds (jittered).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False),
               help="Serve https with this certificate (PEM; with --tls-key).")
@@ -52,12 +59,12 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
               help="CA bundle for verifying https peers.")
 @click.option("--no-notify", is_flag=True, help="Do not follow peers' /logstream/stream.")
-@click.option("--commit-check-ms", type=click.FloatRange(0, 1000), default=5.0,
+@click.option("--commit-check-ms", type=FiniteRange(0, 1000), default=5.0,
               show_default=True, help="Look for commits by other processes (the CLI, an agent's "
               "store) at most this often, so their events go out at once (on Linux only "
               "when the store's files are written; elsewhere every N ms); 0: only the "
               "event streams' 100 ms poll.")
-@click.option("--coalesce-ms", type=click.FloatRange(0, 1000), default=DEFAULT_COALESCE_S * 1000,
+@click.option("--coalesce-ms", type=FiniteRange(0, 1000), default=DEFAULT_COALESCE_S * 1000,
               show_default=True, help="A change stream sends a subscriber at most one batch "
               "of frames per this window (the first change after a quiet spell at once); "
               "0: every change at once.")
@@ -84,7 +91,7 @@ def serve_cmd(ctx: click.Context, as_json: bool, serve_palace: str | None, host:
     for noisy in ("httpx", "httpcore"):  # one line per request drowns the daemon's own log
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     config = DaemonConfig(
-        palace=Path(serve_palace).expanduser() if serve_palace else palace_of(ctx),
+        palace=palace_of(ctx, serve_palace),
         host=host, port=port, token=peers_mod.check_token(token, "--token (or LOGSYNC_TOKEN)"),
         interval=interval, tls_cert=tls_cert, tls_key=tls_key, ca_file=ca_file,
         notifications=not no_notify, log_level=log_level, snapshot=not no_snapshot,
@@ -111,7 +118,7 @@ stopped by an op held in quarantine (the quarantine command lists it).""")
               "(env LOGSYNC_PEER_TOKEN).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
               help="CA bundle for verifying an https peer.")
-@click.option("--timeout", type=float, default=30.0, show_default=True,
+@click.option("--timeout", type=FiniteRange(0.1, 3600), default=30.0, show_default=True,
               help="Per-request timeout in seconds.")
 @click.option("--pull-only", is_flag=True, help="Only pull what the peer holds and we lack.")
 @click.option("--push-only", is_flag=True, help="Only push what we hold and the peer lacks.")

@@ -12,7 +12,14 @@ import anyio
 import click
 
 from logsync import peers as peers_mod
-from logsync.cli._common import emit_json, handles_errors, json_option, open_store, palace_of
+from logsync.cli._common import (
+    FiniteRange,
+    emit_json,
+    handles_errors,
+    json_option,
+    open_store,
+    palace_of,
+)
 from logsync.cli.group import cli
 from logsync.peercheck import KIND_WORDS, PROBE_TIMEOUT_S, probe_all
 from logsync.peerstate import PeerBook
@@ -32,7 +39,7 @@ behind either way, or a chain differs (or, with --cached, not known); 1 a peer f
 (unreachable, auth failed, protocol error).""")
 @click.option("--cached", is_flag=True,
               help="Do not ask the peers; show what the daemon (or the last sync) saved.")
-@click.option("--timeout", "deadline_s", type=click.FloatRange(0.1, 60), show_default=True,
+@click.option("--timeout", "deadline_s", type=FiniteRange(0.1, 60), show_default=True,
               default=PROBE_TIMEOUT_S, help="Seconds to wait for each peer (all at once).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
               help="CA bundle for verifying https peers.")

@@ -1,0 +1,206 @@
+"""A careless operator's input, through the real entry point: each mistake is one sentence
+naming the value and the rule (exit 1, no traceback), found before anything is stored or
+requested, and the palace is left as it was.
+
+Found by an outside review: a damaged palace JSON file (not UTF-8, nested past the
+parser), a NaN interval that made the daemon spin, an unbounded `--file /dev/zero`, an
+empty `--palace` taken for the default palace, and URLs or tokens accepted by `peers add`
+that every later request failed on."""
+
+from __future__ import annotations
+
+import math
+import random
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from logsync.errors import ValidationError
+from logsync.files import UnreadableJSON, read_json
+from logsync.schedule import PullSchedule
+
+PY = [sys.executable, "-m", "logsync"]
+
+
+def logsync(tmp_path: Path, *args: str, stdin: bytes | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    return subprocess.run([*PY, *args], input=stdin, capture_output=True, env=env,
+                          timeout=timeout, cwd=tmp_path, check=False)
+
+
+def one_sentence(done: subprocess.CompletedProcess[bytes], *fragments: str) -> str:
+    err = done.stderr.decode("utf-8", "replace")
+    assert done.returncode == 1, (done.returncode, err, done.stdout)
+    assert "Traceback" not in err and "unexpected" not in err and "internal" not in err, err
+    assert err.count("\n") == 1 and err.startswith("Error: "), err
+    for fragment in fragments:
+        assert fragment in err, err
+    return err
+
+
+@pytest.fixture
+def palace(tmp_path: Path) -> Path:
+    path = tmp_path / "p"
+    assert logsync(tmp_path, "init", str(path)).returncode == 0
+    return path
+
+
+def _fingerprint(palace: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(palace.iterdir()) if p.is_file()
+            and not p.name.endswith(("-wal", "-shm"))}
+
+
+# ── the palace's own JSON files ─────────────────────────────────────────
+
+DAMAGE = {
+    "not-utf8": (b"\xff\xfe", "is not UTF-8 text (invalid start byte at byte 0)"),
+    "nested": (b"[" * 100_000, "nests its JSON deeper than can be read"),
+    "truncated": (b'{"peers": [', "is not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+@pytest.mark.parametrize("name, command", [
+    ("peers.json", ["peers", "list"]),
+    ("replica.json", ["info"]),
+    ("peer_state.json", ["status", "--cached"]),
+])
+def test_a_damaged_palace_file_is_one_sentence_naming_it(
+        tmp_path: Path, palace: Path, name: str, command: list[str], damage: str) -> None:
+    content, said = DAMAGE[damage]
+    (palace / name).write_bytes(content)
+    before = _fingerprint(palace)
+    err = one_sentence(logsync(tmp_path, "--palace", str(palace), *command),
+                       str(palace / name))
+    if not (name == "replica.json" and damage == "truncated"):
+        assert said in err
+    assert _fingerprint(palace) == before
+
+
+def test_a_palace_file_is_read_only_up_to_its_cap(tmp_path: Path) -> None:
+    path = tmp_path / "big.json"
+    path.write_bytes(b"[" + b"0," * 600 + b"0]")
+    assert read_json(path, max_bytes=2000) == [0] * 601
+    with pytest.raises(UnreadableJSON, match="is larger than 1000 bytes"):
+        read_json(path, max_bytes=1000)
+    with pytest.raises(FileNotFoundError):
+        read_json(tmp_path / "missing.json")
+    with pytest.raises(UnreadableJSON, match="cannot be read") as info:
+        read_json(tmp_path)  # a directory
+    assert not info.value.damaged
+
+
+def test_nested_metadata_is_one_sentence(tmp_path: Path, palace: Path) -> None:
+    one_sentence(logsync(tmp_path, "--palace", str(palace), "append", "--type", "a.b",
+                         "--stream", "s", "--room", "r", "--from-agent", "a@b",
+                         "--metadata", "[" * 100_000), "nests deeper than can be read")
+
+
+# ── an empty palace name ────────────────────────────────────────────────
+
+@pytest.mark.parametrize("args", [
+    ["--palace", "", "init"], ["--palace", " ", "info"], ["init", ""],
+    ["serve", "--palace", "", "--port", "0"],
+], ids=["group-init", "group-info", "init-argument", "serve-option"])
+def test_an_empty_palace_name_is_never_the_default_palace(tmp_path: Path,
+                                                          args: list[str]) -> None:
+    one_sentence(logsync(tmp_path, *args, timeout=20), "must name a directory")
+    assert not (tmp_path / "home").exists()  # no default palace was made
+
+
+# ── numbers that are not numbers ────────────────────────────────────────
+
+@pytest.mark.parametrize("args, option", [
+    (["serve", "--interval", "nan"], "--interval"),
+    (["serve", "--interval", "inf"], "--interval"),
+    (["serve", "--interval", "0"], "--interval"),
+    (["serve", "--commit-check-ms", "nan"], "--commit-check-ms"),
+    (["serve", "--coalesce-ms", "-inf"], "--coalesce-ms"),
+    (["sync", "--peer", "http://127.0.0.1:9", "--timeout", "nan"], "--timeout"),
+    (["sync", "--peer", "http://127.0.0.1:9", "--timeout", "0"], "--timeout"),
+    (["sync", "--peer", "http://127.0.0.1:9", "--timeout", "-1"], "--timeout"),
+    (["status", "--timeout", "nan"], "--timeout"),
+    (["conflicts", "review", "999999999999999999999999"], "IDS"),
+])
+def test_a_number_out_of_its_rule_is_refused_before_anything_runs(
+        tmp_path: Path, palace: Path, args: list[str], option: str) -> None:
+    one_sentence(logsync(tmp_path, "--palace", str(palace), *args, timeout=20), option,
+                 args[-1])
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0])
+@pytest.mark.parametrize("name", ["interval", "debounce", "backoff_base", "backoff_cap"])
+def test_a_schedule_refuses_a_time_that_is_not_a_finite_non_negative_number(
+        name: str, value: float) -> None:
+    with pytest.raises(ValidationError, match=f"{name}="):
+        PullSchedule(random.Random(1), **{name: value})
+
+
+# ── what a file or stdin holds ──────────────────────────────────────────
+
+@pytest.mark.parametrize("args, limit", [
+    (["artifact", "put", "--kind", "note", "--created-by", "a@b", "--file", "/dev/zero"],
+     4194304),
+    (["append", "--type", "a.b", "--stream", "s", "--room", "r", "--from-agent", "a@b",
+      "--body-file", "/dev/zero"], 262144),
+    (["artifact", "put", "--kind", "note", "--created-by", "a@b", "--file", "-"], 4194304),
+], ids=["artifact-device", "body-device", "artifact-stdin"])
+def test_input_past_its_limit_is_refused_without_being_held(
+        tmp_path: Path, palace: Path, args: list[str], limit: int) -> None:
+    stdin = bytes(limit + 1) if args[-1] == "-" else None
+    before = _fingerprint(palace)
+    err = one_sentence(logsync(tmp_path, "--palace", str(palace), *args, stdin=stdin),
+                       f"holds more than {limit} bytes")
+    assert ("standard input" if stdin else "/dev/zero") in err
+    assert _fingerprint(palace) == before
+
+
+def test_a_body_file_that_is_not_utf8_is_named(tmp_path: Path, palace: Path) -> None:
+    (tmp_path / "bad.txt").write_bytes(b"a\xffb")
+    one_sentence(logsync(tmp_path, "--palace", str(palace), "append", "--type", "a.b",
+                         "--stream", "s", "--room", "r", "--from-agent", "a@b",
+                         "--body-file", "bad.txt"),
+                 "bad.txt is not UTF-8 text (invalid start byte at byte 1)")
+
+
+def test_input_at_its_limit_is_stored_byte_for_byte(tmp_path: Path, palace: Path) -> None:
+    content = b"x\r\n" * (262144 // 3)
+    (tmp_path / "body.txt").write_bytes(content)
+    done = logsync(tmp_path, "--palace", str(palace), "append", "--type", "a.b", "--stream",
+                   "s", "--room", "r", "--from-agent", "a@b", "--body-file", "body.txt",
+                   "--json")
+    assert done.returncode == 0, done.stderr
+    assert b'"body": "' + b"x\\r\\n" * 3 in done.stdout
+
+
+# ── peers: URLs and tokens that no request could carry ──────────────────
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/a\nb", "http://127.0.0.1:9/a\tb",
+                                 "http://exa mple:9", "http://127.0.0.1:9/\x7f"])
+def test_a_url_with_spaces_or_control_characters_is_refused(tmp_path: Path, palace: Path,
+                                                            url: str) -> None:
+    one_sentence(logsync(tmp_path, "--palace", str(palace), "peers", "add", "x", url),
+                 "must not contain spaces or control characters")
+    assert not (palace / "peers.json").exists()
+    one_sentence(logsync(tmp_path, "--palace", str(palace), "sync", "--peer", url),
+                 "must not contain spaces or control characters")
+
+
+@pytest.mark.parametrize("token", ["é", "a\nb", "a b", "tok\x00"])
+def test_a_token_no_header_can_carry_is_refused(tmp_path: Path, palace: Path,
+                                                token: str) -> None:
+    if "\x00" in token:  # an argument cannot carry NUL: peers.json can
+        (palace / "peers.json").write_text(
+            '{"peers": [{"url": "http://127.0.0.1:9", "token": "tok\\u0000"}]}')
+        one_sentence(logsync(tmp_path, "--palace", str(palace), "peers", "list"),
+                     "peers[0].token is invalid", "printable ASCII")
+        return
+    one_sentence(logsync(tmp_path, "--palace", str(palace), "peers", "add", "x",
+                         "http://127.0.0.1:9", "--token", token), "printable ASCII")
+    one_sentence(logsync(tmp_path, "--palace", str(palace), "sync", "--peer",
+                         "http://127.0.0.1:9", "--token", token), "printable ASCII")
+    assert not (palace / "peers.json").exists()
