@@ -10,8 +10,8 @@ that every later request failed on."""
 from __future__ import annotations
 
 import math
-import random
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
