@@ -193,9 +193,14 @@ def test_a_replaced_key_file_is_refused_not_a_silent_rotation(tmp_path: Path) ->
         store.append_event("note", "main", "lobby", "alice")
     original = (tmp_path / KEY_FILENAME).read_bytes()
     (tmp_path / KEY_FILENAME).unlink()
+    with pytest.raises(KeyFileError, match="is missing, but the store records a key"):
+        Store.open(tmp_path)
+    assert not (tmp_path / KEY_FILENAME).exists()  # a lost key is not replaced by a new one
+    (tmp_path / KEY_FILENAME).write_text(bytes(32).hex() + "\n")  # another key
+    (tmp_path / KEY_FILENAME).chmod(0o600)
     with pytest.raises(KeyFileError, match="replaced or lost"):
         Store.open(tmp_path)
-    (tmp_path / KEY_FILENAME).unlink()  # the one the failed open minted
+    (tmp_path / KEY_FILENAME).unlink()
     (tmp_path / KEY_FILENAME).write_bytes(original)
     (tmp_path / KEY_FILENAME).chmod(0o600)
     Store.open(tmp_path).close()

@@ -204,3 +204,14 @@ def test_a_token_no_header_can_carry_is_refused(tmp_path: Path, palace: Path,
     one_sentence(logsync(tmp_path, "--palace", str(palace), "sync", "--peer",
                          "http://127.0.0.1:9", "--token", token), "printable ASCII")
     assert not (palace / "peers.json").exists()
+
+
+def test_a_lost_key_file_is_refused_without_minting_another(tmp_path: Path,
+                                                           palace: Path) -> None:
+    append = ["--palace", str(palace), "append", "--type", "a.b", "--stream", "s", "--room",
+              "r", "--from-agent", "a@b"]
+    assert logsync(tmp_path, *append).returncode == 0
+    (palace / "logsync-signing-key").unlink()
+    one_sentence(logsync(tmp_path, *append), "logsync-signing-key is missing",
+                 "restore the original key file")
+    assert not (palace / "logsync-signing-key").exists()  # no second key left behind

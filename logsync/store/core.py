@@ -192,6 +192,12 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
                     f"cannot create palace directory {palace_path}: {exc.strerror or exc}"
                 ) from None
             rid = replica_id or get_replica_id(palace_path)
+            if read_signing_key(palace_path) is None and _records_own_key(palace_path, rid):
+                # minting now would leave a second key behind even though the open fails
+                raise KeyFileError(
+                    f"the signing key {palace_path / KEY_FILENAME} is missing, but the store "
+                    f"records a key for {rid} (its ops are signed with it): restore the "
+                    "original key file")
             key = load_or_mint_signing_key(palace_path)
         try:
             store = cls(
@@ -389,6 +395,23 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         """A new replica id and signing key for this palace (`store/reidentify.py`);
         closes this store, which holds the old identity."""
         return reidentify_store(self, after)
+
+
+def _records_own_key(palace: Path, replica_id: str) -> bool:
+    """Whether the store already records a key of its own for `replica_id` (read-only;
+    a store that cannot be read here records none: opening it says what is wrong)."""
+    db_path = palace / DB_FILENAME
+    if not db_path.is_file():
+        return False
+    try:
+        conn = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            return conn.execute("SELECT 1 FROM logsync_keys WHERE origin = ? AND source = "
+                                "'self'", (replica_id,)).fetchone() is not None
+        finally:
+            conn.close()
+    except (sqlite3.Error, OSError, RuntimeError):
+        return False
 
 
 def _read_key_if_readable(palace: Path) -> SigningKey | None:
