@@ -119,7 +119,8 @@ stopped by an op held in quarantine (the quarantine command lists it).""")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
               help="CA bundle for verifying an https peer.")
 @click.option("--timeout", type=FiniteRange(0.1, 3600), default=30.0, show_default=True,
-              help="Per-request timeout in seconds.")
+              help="How long one connect or read may wait, in seconds; a whole request "
+              "also ends after 60 s, however its bytes arrive.")
 @click.option("--pull-only", is_flag=True, help="Only pull what the peer holds and we lack.")
 @click.option("--push-only", is_flag=True, help="Only push what we hold and the peer lacks.")
 @click.option("--no-snapshot", is_flag=True, help="An empty store pulls op by op instead of "
