@@ -206,11 +206,18 @@ class Receiver:
             yield chunk
 
     def encoded_cap(self) -> int:
-        """The most a stream of this file may take on the wire: its size (the byte cap
-        until the preamble announces one) and the preamble, with room for zstd's worst
-        case (incompressible blocks cost 3 bytes each per 128 KiB, plus frame headers)."""
-        size = self.max_bytes if self.preamble is None else self.preamble["size"]
-        whole = size + MAX_PREAMBLE_BYTES
+        """The most a stream of this file may take on the wire, with room for zstd's
+        worst case (incompressible blocks cost 3 bytes each per 128 KiB, plus frame
+        headers): the announced size and the preamble; before the preamble is known, what
+        the first two decoded chunks can take (a preamble is at most
+        `MAX_PREAMBLE_BYTES`, and the decoder hands over `INFLATE_CHUNK` bytes at a time,
+        so a preamble not found by then is refused anyway). Without that early bound, a
+        stream of skippable frames after a small first frame would be bounded only by
+        time: the decoder reads on until it has a whole chunk to hand over."""
+        if self.preamble is None:
+            whole = MAX_PREAMBLE_BYTES + 2 * INFLATE_CHUNK
+        else:
+            whole = min(self.preamble["size"], self.max_bytes) + MAX_PREAMBLE_BYTES
         return whole + whole // ENCODED_SLACK_DIVISOR + ENCODED_SLACK_BYTES
 
     def check_deadline(self) -> None:
