@@ -53,7 +53,6 @@ from logsync.errors import (
     PeerProtocolError,
     PeerTooLargeError,
     ValidationError,
-    shorten,
 )
 from logsync.fetchpolicy import (
     OPS_PATH,
@@ -443,16 +442,12 @@ def _advance(gen: Generator[Any, Any, Any], how: str, value: Any) -> tuple[bool,
 
 
 def _check_url(url: object) -> str:
-    """`peers.check_url`'s rule, then httpx's own parse (what it refuses, it could not
-    request)."""
+    """`peers.check_url`'s rule, as the client's `ConfigError`; the URL as httpx
+    normalises it."""
     try:
-        checked = check_url(url)
-        return str(httpx.URL(checked)).rstrip("/")
+        return str(httpx.URL(check_url(url))).rstrip("/")
     except ValidationError as exc:
         raise ConfigError(str(exc)) from None
-    except httpx.InvalidURL as exc:
-        raise ConfigError(f"peer url {shorten(redact_url(str(url)))} is invalid: "
-                          f"{exc}") from None
 
 
 def tls_context(verify: bool, ca_file: str | None) -> ssl.SSLContext | bool:

@@ -79,6 +79,12 @@ def check_url(url: object) -> str:
             f"peer url={shown!r} is invalid: it must not carry a query or fragment "
             "(pass a token with --token)"
         )
+    import httpx  # here, not at import: most commands never check a URL
+
+    try:  # what the HTTP client cannot request (an IDNA-invalid host) is refused here too
+        httpx.URL(url.strip())
+    except httpx.InvalidURL as exc:
+        raise ValidationError(f"peer url={shown!r} is invalid: {exc}") from None
     return url.strip().rstrip("/")
 
 
@@ -113,9 +119,9 @@ def _mask_pair(pair: str) -> str:
 
 
 def check_token(token: object, what: str = "token") -> str | None:
-    """None for no token; else printable ASCII without spaces (RFC 6750's bearer token
-    is narrower still), since it travels in an HTTP header: anything else would fail on
-    every request instead of here."""
+    """None for no token; else printable ASCII (spaces inside included: the server
+    compares the whole header), since it travels in an HTTP header: a control character
+    or a non-ASCII one would fail every request instead of here."""
     if token is None or token == "":
         return None
     if not isinstance(token, str):
@@ -124,9 +130,9 @@ def check_token(token: object, what: str = "token") -> str | None:
         raise ValidationError(
             f"{what} is whitespace only: pass a real token or none at all"
         )
-    if not all(0x21 <= ord(c) <= 0x7E for c in token):
-        raise ValidationError(f"{what} is invalid: a token must be printable ASCII without "
-                              "spaces or control characters")
+    if not all(0x20 <= ord(c) <= 0x7E for c in token):
+        raise ValidationError(f"{what} is invalid: a token must be printable ASCII, without "
+                              "control characters")
     return token
 
 

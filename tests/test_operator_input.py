@@ -190,7 +190,7 @@ def test_a_url_with_spaces_or_control_characters_is_refused(tmp_path: Path, pala
                  "must not contain spaces or control characters")
 
 
-@pytest.mark.parametrize("token", ["é", "a\nb", "a b", "tok\x00"])
+@pytest.mark.parametrize("token", ["é", "a\nb", "a\tb", "tok\x00"])
 def test_a_token_no_header_can_carry_is_refused(tmp_path: Path, palace: Path,
                                                 token: str) -> None:
     if "\x00" in token:  # an argument cannot carry NUL: peers.json can
@@ -215,3 +215,35 @@ def test_a_lost_key_file_is_refused_without_minting_another(tmp_path: Path,
     one_sentence(logsync(tmp_path, *append), "logsync-signing-key is missing",
                  "restore the original key file")
     assert not (palace / "logsync-signing-key").exists()  # no second key left behind
+
+
+def test_a_token_with_spaces_inside_is_taken(tmp_path: Path, palace: Path) -> None:
+    """The server compares the whole header, so such a token works: it stays allowed."""
+    done = logsync(tmp_path, "--palace", str(palace), "peers", "add", "x",
+                   "http://127.0.0.1:9", "--token", "correct horse battery")
+    assert done.returncode == 0, done.stderr
+    assert b"correct horse battery" in (palace / "peers.json").read_bytes()
+
+
+@pytest.mark.parametrize("url", ["http://\u2603.net", "http://[::1"])
+def test_a_url_the_http_client_cannot_request_is_refused_when_added(
+        tmp_path: Path, palace: Path, url: str) -> None:
+    one_sentence(logsync(tmp_path, "--palace", str(palace), "peers", "add", "x", url),
+                 "is invalid")
+    assert not (palace / "peers.json").exists()
+
+
+@pytest.mark.parametrize("url", ["http://[::1]:8742", "http://b\u00fccher.example",
+                                 "https://user@host.example:443/base"])
+def test_ipv6_idn_and_path_urls_are_still_taken(tmp_path: Path, palace: Path,
+                                               url: str) -> None:
+    done = logsync(tmp_path, "--palace", str(palace), "peers", "add", "x", url)
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_empty_palace_variable_is_never_the_default_palace(tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "LOGSYNC_PALACE": ""}
+    done = subprocess.run([*PY, "info"], capture_output=True, env=env, timeout=60,
+                          cwd=tmp_path, check=False)
+    one_sentence(done, "LOGSYNC_PALACE is set but empty")
+    assert not (tmp_path / "home").exists()

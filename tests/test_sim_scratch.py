@@ -126,3 +126,35 @@ def test_the_claim_is_taken_before_the_lock_file_has_its_name(tmp_path: Path) ->
 
 def test_an_unreadable_scratch_place_is_no_error(tmp_path: Path) -> None:
     assert remove_abandoned(tmp_path / "missing") == []
+
+
+def test_a_sweep_whose_parent_died_keeps_a_live_workers_run(tmp_path: Path) -> None:
+    """Its parent SIGKILLed alone, a sweep's worker runs on in its own claimed directory:
+    the sweep's directory stays until that run ends, then goes."""
+    sweep = tmp_path / "logsync-sweep-orphaned"
+    sweep.mkdir()
+    (sweep / LOCK_NAME).touch()  # the parent's claim, released by its death
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from logsync.sim.scratch import claimed_dir\n"
+         "with claimed_dir('logsync-sim-', Path(sys.argv[1])) as run:\n"
+         "    (run / 'n0').mkdir(); print(run, flush=True); sys.stdin.read()",
+         str(sweep)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None
+        run = Path(worker.stdout.readline().strip())
+        assert remove_abandoned(tmp_path) == [] and (run / "n0").is_dir()
+    finally:
+        worker.communicate("", timeout=30)  # the seed ends: the worker removes its run
+    assert not run.exists()
+    assert remove_abandoned(tmp_path) == ["logsync-sweep-orphaned"]
+
+
+def test_a_run_being_made_keeps_its_sweep(tmp_path: Path) -> None:
+    sweep = tmp_path / "logsync-sweep-making"
+    (sweep / "logsync-sim-new").mkdir(parents=True)  # no lock file yet, just made
+    (sweep / LOCK_NAME).touch()
+    assert remove_abandoned(tmp_path) == []
+    old = time.time() - 3600
+    os.utime(sweep / "logsync-sim-new", (old, old))  # never finished: a crash long ago
+    assert remove_abandoned(tmp_path) == ["logsync-sweep-making"]

@@ -101,6 +101,7 @@ def test_the_copy_is_compressed_once_and_every_joiner_gets_that_frame(
         answers = [_raw_get(app, "zstd")[1] for _ in range(3)]
         frames = [p for p in source.palace.iterdir() if p.name.endswith(".zst")]
         assert len(frames) == 1
+        assert frames[0].stat().st_mode & 0o777 == 0o600  # private, like the copy
         frame = frames[0].read_bytes()
     finally:
         app.state.logsync.close()
@@ -334,6 +335,26 @@ def test_a_stream_that_decodes_to_nothing_ends_at_a_byte_count_too(
             receiver.feed(out)
     assert receiver.encoded_cap() < 5 * 1024 * 1024 and sent < 6 * 1024 * 1024
     assert time.monotonic() - began < 30
+
+
+def test_once_announced_the_wire_cap_is_the_announced_size(tmp_path: Path) -> None:
+    """After a preamble announcing 1000 bytes, junk on the wire is refused at about
+    2 MiB, below the ~4 MiB allowed before any preamble."""
+    receiver = Receiver(tmp_path / "small", 10**12, "GET", "p", 600.0)
+    junk = bytes(65536)
+
+    def wire() -> Iterator[bytes]:
+        yield _preamble(1000)
+        for _ in range(10**5):  # bounded: the cap stops it after ~32 chunks
+            yield junk
+
+    early = receiver.encoded_cap()
+    with pytest.raises(PeerProtocolError, match="a stream of the announced size"), receiver:
+        for chunk in receiver.timed(wire()):
+            receiver.feed(chunk[:0] if receiver.preamble else chunk)  # the junk: not fed
+    assert receiver.preamble is not None and receiver.preamble["size"] == 1000
+    assert receiver.encoded_cap() < 2.1 * 1024 * 1024 < early
+    assert receiver.received < 2.2 * 1024 * 1024
 
 
 def test_a_legitimate_stream_fits_the_encoded_cap(tmp_path: Path) -> None:

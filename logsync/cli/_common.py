@@ -29,6 +29,9 @@ def default_palace() -> Path:
     return Path(platformdirs.user_data_dir("logsync", appauthor=False)) / "palace"
 
 
+PALACE_ENV = "LOGSYNC_PALACE"
+
+
 def palace_of(ctx: click.Context, named: str | None = None) -> Path:
     """The palace a command works on: `named` (a command's own argument) if given, else
     the group's --palace, else the per-user default. A name that is empty or blank (an
@@ -39,6 +42,11 @@ def palace_of(ctx: click.Context, named: str | None = None) -> Path:
     if named is not None and not named.strip():
         raise click.BadParameter(f"palace {named!r} is invalid: must name a directory "
                                  "(leave --palace out for the default palace)")
+    if named is None and os.environ.get(PALACE_ENV, "x").strip() == "":
+        # click takes an empty variable for an unset one: `LOGSYNC_PALACE="$PALACE"` with
+        # $PALACE unset would otherwise mean the default palace
+        raise click.BadParameter(f"{PALACE_ENV} is set but empty: it must name a "
+                                 "directory (unset it for the default palace)")
     return Path(named or default_palace()).expanduser()
 
 

@@ -55,13 +55,13 @@ async def sync_snapshot(request: Request) -> Response:
         return _error(501, "this server's store cannot be copied as a snapshot")
     zstd = made.zstd_path is not None and accepts_zstd(
         ",".join(request.headers.getlist("accept-encoding")))
+    first = made.zstd_preamble() if zstd else made.preamble()
     try:  # held open: a replaced copy stays readable
         handle = (made.zstd_path if zstd and made.zstd_path else made.path).open("rb")
-        size = os.fstat(handle.fileno()).st_size
     except OSError as exc:
         return _error(503, f"the snapshot copy went missing ({exc.strerror}); retry",
                       {"Retry-After": "1"})
-    first = made.zstd_preamble() if zstd else made.preamble()
+    size = os.fstat(handle.fileno()).st_size
     headers = {SHA256_HEADER: made.sha256, SIZE_HEADER: str(made.size),
                "Cache-Control": "no-store", "Vary": "Accept-Encoding",
                "Content-Length": str(len(first) + size)}

@@ -10,7 +10,8 @@ that lock without waiting: taken, the owner is gone and the directory is removed
 it is in use and stays. The lock file appears under its name only once locked (made
 under another name, locked, then renamed), so a directory being made is never taken for
 an abandoned one. A directory without the lock file (another program's, or unreadable)
-is left alone.
+is left alone, and so is a sweep's directory whose parent died while a worker of it still
+runs a seed in its own claimed directory inside.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 LOCK_NAME = ".logsync-owner.lock"
 PREFIXES = ("logsync-sim-", "logsync-sweep-")
 MAX_LOOKED_AT = 10_000  # entries of the scratch place looked at per call (it is shared)
+MAKING_S = 60.0  # a run directory without its lock file this young may be being made
 
 
 def scratch_base() -> Path:
@@ -83,7 +86,38 @@ def _abandoned_removed(path: Path) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False  # its owner lives
+        if _holds_live_runs(path):
+            return False  # a sweep's parent died, its workers have not (yet)
         shutil.rmtree(path, ignore_errors=True)
         return not path.exists()
     finally:
         os.close(fd)
+
+
+def _holds_live_runs(sweep: Path) -> bool:
+    """Whether a run directory inside `sweep` is still claimed, or perhaps being made
+    (no lock file yet, and recent): a worker outlives its sweep's parent until its seed
+    ends, and its stores must not be removed under it."""
+    try:
+        entries = list(os.scandir(sweep))[:MAX_LOOKED_AT]
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.name.startswith(PREFIXES) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            fd = os.open(Path(entry.path) / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                if time.time() - entry.stat(follow_symlinks=False).st_mtime < MAKING_S:
+                    return True
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+    return False

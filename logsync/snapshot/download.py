@@ -200,9 +200,12 @@ class Receiver:
             self.check_deadline()
             self.received += len(chunk)
             if self.received > self.encoded_cap():
+                what = ("the start of a stream can take before its preamble"
+                        if self.preamble is None else
+                        "a stream of the announced size can take")
                 raise PeerProtocolError(f"{self.where} sent more than {self.encoded_cap()} "
-                                        "bytes on the wire, past what a stream of the "
-                                        "announced size can take", peer=self.peer)
+                                        f"bytes on the wire, past what {what}",
+                                        peer=self.peer)
             yield chunk
 
     def encoded_cap(self) -> int:

@@ -239,7 +239,9 @@ class _Packed:
         self.path: Path | None = copy.with_name(copy.name + ".zst")
         self._size = size
         try:
-            self._out: Any = self.path.open("wb")
+            # private like the copy (mkstemp's 0600): the palace may be a shared directory
+            self._out: Any = os.fdopen(os.open(self.path, os.O_WRONLY | os.O_CREAT
+                                               | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb")
             self._writer = compressor(size).stream_writer(self._out, size=size,
                                                           closefd=False)
         except (OSError, zstandard.ZstdError) as exc:
