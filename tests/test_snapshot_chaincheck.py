@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from hypothesis import strategies as st
 
 from logsync import chain
 from logsync.peers import Peer
-from logsync.snapshot.chaincheck import prove_chains
+from logsync.snapshot.chaincheck import ChainProof, prove_chains
 from logsync.snapshot.joining import join_if_empty
 from logsync.store import Store
 from logsync.store.audit import audit_store
@@ -104,6 +106,23 @@ def insert_ops(conn: sqlite3.Connection, ops: list[dict[str, Any]]) -> list[byte
     return canonicals
 
 
+def alone() -> None:
+    """This process runs no thread but the main one, so it forks (`snapshot/forked.py`):
+    waits up to 20 s for threads earlier tests left (anyio's idle workers end in 10 s)."""
+    end = time.monotonic() + 20
+    while threading.active_count() > 1 and time.monotonic() < end:
+        time.sleep(0.05)
+    assert threading.active_count() == 1, f"threads still running: {threading.enumerate()}"
+
+
+def forked_proof(path: Path, **plan: int) -> tuple[bool, set[str]]:
+    """The proof with half its ranges in a forked child (if it has two ranges or more):
+    whether it forked, and what it proved."""
+    alone()
+    with ChainProof(path, fork=True, **plan) as proof:
+        return proof.forked, proof.finish()
+
+
 @pytest.fixture
 def scratch() -> Iterator[Path]:
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,6 +143,7 @@ def test_every_chain_the_reference_computed_is_proven(ops: list[dict[str, Any]])
             conn.close()
         assert prove_chains(path) == {ORIGIN}
         assert prove_chains(path, split=1, parts=3) == {ORIGIN}
+        assert forked_proof(path, split=1, parts=3) == (len(ops) > 1, {ORIGIN})
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -210,6 +230,7 @@ def test_planted_defects_are_never_proven(scratch: Path) -> None:
     conn.close()
     assert prove_chains(scratch) == set()
     assert prove_chains(scratch, split=1, parts=3) == set()
+    assert forked_proof(scratch, split=1, parts=3) == (True, set())
 
     conn = new_store(scratch.with_name("utf8.sqlite3"))
     insert_ops(conn, _plain_ops(10))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -36,6 +37,16 @@ def cli(ctx: click.Context, palace: str | None) -> None:
 
 def main() -> None:
     """Entry point: every failure is one line, never a traceback (unless LOGSYNC_DEBUG)."""
+    try:
+        _main()
+    finally:
+        # The process ends here, so nothing is left for the interpreter's last full
+        # collection to free: frozen, every object is skipped by it (it walked the
+        # objects of every imported module: ~0.1 s of a short command on a 2-core VM).
+        gc.freeze()
+
+
+def _main() -> None:
     as_json = "--json" in sys.argv[1:]
     try:
         code = cli.main(standalone_mode=False)

@@ -10,7 +10,8 @@ Each op is checked against the *stored* digest of the op below it: the stored di
 op n must equal SHA-256(stored digest of the held op below || canonical bytes of op n),
 starting from `chain_start(origin)`. When that holds for every op, every op has its own
 chain entry and there are no other entries, the stored chain is the recomputed one,
-op by op (by induction), so an origin may be split into seq ranges checked in parallel.
+op by op (by induction), so an origin may be split into seq ranges checked apart: the
+join hands about half of them to a forked child (`ChainProof`, `forked.py`).
 
 This check only ever *proves* an origin; it never reports a problem. Whatever it cannot
 prove (a digest that differs, a missing or extra entry, a seq that is not an integer, a
@@ -23,16 +24,18 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Callable, Iterable
-from concurrent.futures import Executor, Future
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from logsync.chain import chain_start
+from logsync.snapshot.forked import Forked, may_fork
 from logsync.store.audit import CHAIN_ORIGINS_SQL
 from logsync.store.chaining import ORIGINS_SQL, ROW_COLUMNS, canonical
 
 SPLIT_OPS = 4096  # an origin with more ops than this is checked in seq ranges
+CHILD_GRACE_S = 60.0  # a forked child's answer may come this much later than ours (x4)
 _NO_ARTIFACTS: dict[str, str | None] = {}  # never written: `canonical` only reads it
 _WIDTH, _SEQ = len(ROW_COLUMNS), ROW_COLUMNS.index("origin_seq")
 RANGE_SQL = (
@@ -60,30 +63,80 @@ class _Unproven(Exception):
     """This range cannot be proven here (the reference audit decides)."""
 
 
-def prove_chains(path: Path, submit: Callable[..., Future[Any]] | Executor | None = None,
-                 *, split: int = SPLIT_OPS, parts: int = 2) -> set[str]:
-    """The origins whose stored chain this check proves equal to the recomputed one.
+def prove_chains(path: Path, *, split: int = SPLIT_OPS, parts: int = 2) -> set[str]:
+    """The origins whose stored chain this check proves equal to the recomputed one,
+    all proven in this process (each range on its own read-only connection)."""
+    with ChainProof(path, split=split, parts=parts) as proof:
+        return proof.finish()
 
-    `submit` runs the range checks (an executor's `submit`, or None: one after the other);
-    each opens its own read-only connection. Threads side by side wait on each other for
-    the GIL at every row (SQLite gives it up per row): the join passes None.
+
+class ChainProof:
+    """One proof of a file's chains. Made with `fork=True` in a process with no other
+    thread, it hands about half the ops (whole seq ranges) to a forked child at once
+    (`forked.py`), so the caller may start threads of its own (the integrity check)
+    before `finish` proves the rest here. The child never outlives the proof: leaving
+    the `with` block kills and reaps it; a child without an answer has its ranges proven
+    here, so forking changes only the time a proof takes.
     """
-    run = getattr(submit, "submit", submit)
-    try:
-        plans = _plan(path, split, parts)
-    except sqlite3.Error:  # an unreadable file: the checks that follow say what is wrong
-        return set()
-    jobs = [(origin, lo, hi) for origin, (_, ranges) in plans.items() for lo, hi in ranges]
-    if run is None:
-        counts = [_check_range(path, *job) for job in jobs]
-    else:
-        futures = [run(_check_range, path, *job) for job in jobs]
-        counts = [f.result() for f in futures]
-    held: dict[str, int] = {}
-    for (origin, _, _), count in zip(jobs, counts, strict=True):
-        held[origin] = -1 if count < 0 or held.get(origin, 0) < 0 else \
-            held.get(origin, 0) + count
-    return {o for o, (ops, _) in plans.items() if held.get(o) == ops}
+
+    def __init__(self, path: Path, *, split: int = SPLIT_OPS, parts: int = 2,
+                 fork: bool = False) -> None:
+        self.path = path
+        try:
+            self._plans = _plan(path, split, parts)
+        except sqlite3.Error:  # an unreadable file: the checks that follow say what is wrong
+            self._plans = {}
+        jobs = [(origin, lo, hi) for origin, (_, ranges) in self._plans.items()
+                for lo, hi in ranges]
+        self._mine, self._theirs = (_halves(jobs) if fork and len(jobs) > 1 and may_fork()
+                                    else (jobs, []))
+        theirs = self._theirs
+        self._child = Forked.start(lambda: [_check_range(path, *j) for j in theirs]) \
+            if theirs else None
+        if self._child is None:
+            self._mine, self._theirs = self._mine + self._theirs, []
+
+    @property
+    def forked(self) -> bool:
+        """A child proves part of the ranges (or did, until finish collected it)."""
+        return bool(self._theirs)
+
+    def finish(self) -> set[str]:
+        began = time.monotonic()
+        counts = {job: _check_range(self.path, *job) for job in self._mine}
+        if self._theirs:
+            assert self._child is not None
+            # the child proves as many ops as this process did: far longer is no answer
+            answer = self._child.result(CHILD_GRACE_S + 4 * (time.monotonic() - began))
+            if not (isinstance(answer, list) and len(answer) == len(self._theirs)
+                    and all(type(n) is int for n in answer)):
+                answer = [_check_range(self.path, *job) for job in self._theirs]
+            counts.update(zip(self._theirs, answer, strict=True))
+        held: dict[str, int] = {}
+        for (origin, _, _), count in counts.items():
+            held[origin] = -1 if count < 0 or held.get(origin, 0) < 0 else \
+                held.get(origin, 0) + count
+        return {o for o, (ops, _) in self._plans.items() if held.get(o) == ops}
+
+    def __enter__(self) -> ChainProof:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._child is not None:
+            self._child.close()
+
+
+def _halves(jobs: list[tuple[str, int, int]]) -> tuple[list[tuple[str, int, int]],
+                                                       list[tuple[str, int, int]]]:
+    """The ranges split into two shares of about equal seq spans (largest first, each to
+    the lighter share)."""
+    shares: tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]] = ([], [])
+    weight = [0, 0]
+    for job in sorted(jobs, key=lambda j: j[1] - j[2]):
+        side = 0 if weight[0] <= weight[1] else 1
+        shares[side].append(job)
+        weight[side] += job[2] - job[1] + 1
+    return shares
 
 
 def _plan(path: Path, split: int, parts: int) -> dict[str, tuple[int, list[tuple[int, int]]]]:

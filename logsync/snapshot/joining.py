@@ -31,7 +31,7 @@ from logsync.errors import LogsyncError
 from logsync.model import utc_now_iso
 from logsync.peers import check_url, redact_url
 from logsync.snapshot import JOIN_PREFIX, SnapshotRefused
-from logsync.snapshot.chaincheck import prove_chains
+from logsync.snapshot.chaincheck import ChainProof
 from logsync.snapshot.checking import (
     audit,
     check_integrity,
@@ -162,20 +162,23 @@ def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: bytes |
 def _check_and_install(candidate: Path, palace: Path, preamble: dict[str, Any], own_id: str,
                        own_key: bytes | None) -> dict[str, Any]:
     check_readonly(candidate, preamble["vector"], own_id)
-    # SQLite's integrity check (C, without the GIL) runs on one core while this thread
-    # proves the chains (`chaincheck`) and then checks the kept signatures, all on the
-    # file as downloaded; all must pass before anything is installed. Then the candidate
-    # is made ours and audited (signatures, artifacts, gaps, and the reference
-    # recomputation of any chain not proven). Nothing else that holds the GIL runs beside
-    # the proof: SQLite gives the GIL up at every row, and another Python thread (a second
-    # range, or the signatures) then takes it for up to a switch interval each time; the
-    # signatures beside the proof measured 0.11 s and the proof half again slower, after
-    # it 0.03 s (20 000 ops). The download was not fsynced: its flush to disk starts now.
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot-check") as pool:
+    # SQLite's integrity check (C, without the GIL) runs in a thread while the chains are
+    # proven (`chaincheck`, Python holding the GIL): half the ranges in a forked child
+    # when this process has no other thread yet (the CLI), the rest here; then the kept
+    # signatures are checked, all on the file as downloaded, and all must pass before
+    # anything is installed. Then the candidate is made ours and audited (signatures,
+    # artifacts, gaps, and the reference recomputation of any chain not proven). No
+    # other Python thread runs beside the proof: SQLite gives the GIL up at every row,
+    # and another thread (a second range, or the signatures) then takes it for up to a
+    # switch interval each time; the signatures beside the proof measured 0.11 s and the
+    # proof half again slower, after it 0.03 s (20 000 ops). The download was not
+    # fsynced: its flush to disk starts now.
+    with ChainProof(candidate, fork=True) as proof, \
+            ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot-check") as pool:
         integrity = pool.submit(check_integrity, candidate)
         flushed = pool.submit(_fsync, candidate)
         try:
-            proven = prove_chains(candidate)
+            proven = proof.finish()
             verified = verify_kept_signatures(candidate, own_id, preamble["replica_id"])
         finally:
             failed = integrity.exception()  # waits: nothing writes while a check reads
