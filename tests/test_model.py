@@ -406,6 +406,46 @@ def test_fast_remote_validation_agrees_with_the_field_by_field_rules(
         assert model.validate_remote_event(op) == careful
 
 
+# Values equal as keys of a dict but written apart (1 / True / 1.0, 0.0 / -0.0), texts
+# long and short, and what no flat shape holds: the cache must never answer for another.
+_meta_values = st.one_of(
+    st.sampled_from([0, 1, True, False, 1.0, 0.0, -0.0, None, "", "1", "true", "\ud800",
+                     "é", "x" * 600, 2**64, -(2**63), float("nan"), float("inf")]),
+    st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+    st.lists(st.integers(0, 2), max_size=2),
+    st.dictionaries(st.sampled_from(["a", "b"]), st.integers(0, 2), max_size=2),
+)
+_metadata = st.dictionaries(st.sampled_from(["a", "b", "attempt", "é", "ключ", "k" * 20]),
+                            _meta_values, min_size=1, max_size=10)
+
+
+@settings(max_examples=400, deadline=None)
+@given(metas=st.lists(_metadata, min_size=1, max_size=12))
+def test_cached_flat_metadata_is_what_the_encoder_writes(metas: list[dict[str, Any]]) -> None:
+    """Each answer of the fast path's metadata cache is what the shape check and the
+    encoder give for that very dict (asked twice: once to fill, once from the cache)."""
+    model._flat_cache.clear()
+    for meta in metas * 2:
+        assert model._fast_metadata(meta) == model._metadata_or_none(meta), meta
+
+
+def test_metadata_equal_as_keys_but_written_apart_is_never_confused() -> None:
+    values = [1, True, 1.0, 0, False, 0.0, -0.0, None, "1", 2**64, 2**64 + 0.0]
+    model._flat_cache.clear()
+    for value in values * 2:
+        meta = {"a": value, "b": 1}
+        assert model._fast_metadata(meta) == model._metadata_or_none(meta), meta
+
+
+def test_the_metadata_cache_stays_bounded() -> None:
+    model._flat_cache.clear()
+    for n in range(model._FLAT_CACHE_ENTRIES * 3):
+        assert model._fast_metadata({"attempt": n}) == f'{{"attempt": {n}}}'
+        assert len(model._flat_cache) <= model._FLAT_CACHE_ENTRIES
+    assert model._fast_metadata({"x": "y" * 600}) == f'{{"x": "{"y" * 600}"}}'
+    assert not any(items == (("x", "y" * 600),) for items, _ in model._flat_cache)  # too long
+
+
 @settings(max_examples=300, deadline=None)
 @given(now_ms=st.integers(-(10**13), 253402300799999))
 def test_utc_now_iso_is_the_second_of_the_instant(now_ms: int) -> None:
