@@ -26,7 +26,7 @@ def referenced_artifacts(events: list[dict], cap: int = MAX_ARTIFACTS_PER_PAGE) 
     seen: dict[str, None] = {}
     for event in events:
         ids = event.get("artifact_ids")
-        if isinstance(ids, list) and len(ids) <= MAX_ARTIFACTS_PER_EVENT:
+        if ids and isinstance(ids, list) and len(ids) <= MAX_ARTIFACTS_PER_EVENT:
             seen.update((i, None) for i in ids if isinstance(i, str))
             if len(seen) > cap:
                 break
