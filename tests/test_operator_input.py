@@ -247,3 +247,19 @@ def test_an_empty_palace_variable_is_never_the_default_palace(tmp_path: Path) ->
                           cwd=tmp_path, check=False)
     one_sentence(done, "LOGSYNC_PALACE is set but empty")
     assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize("command", [["status"], ["verify"], ["sync", "--peer",
+                                     "http://127.0.0.1:9"], ["append", "--type", "ask",
+                                     "--stream", "s", "--room", "r", "--from-agent", "a",
+                                     "--body", "x"]])
+def test_a_store_that_is_a_symlink_loop_is_one_sentence(tmp_path: Path,
+                                                        command: list[str]) -> None:
+    """A store path that links back to itself: named, for reads and writes alike, and
+    left as it was (no store made beside it)."""
+    palace = tmp_path / "loop"
+    palace.mkdir()
+    (palace / "logstream.sqlite3").symlink_to("logstream.sqlite3")
+    one_sentence(logsync(tmp_path, "--palace", str(palace), *command),
+                 f"{palace / 'logstream.sqlite3'}", "a loop")
+    assert sorted(p.name for p in palace.iterdir()) == ["logstream.sqlite3"]

@@ -88,8 +88,9 @@ def may_create(ctx: click.Context) -> bool:
 
 
 def has_palace(palace: Path) -> bool:
-    """A palace is a directory holding the store file; anything else is not one (yet)."""
-    return (palace / DB_FILENAME).is_file()
+    """A palace is a directory holding the store file; anything else is not one (yet).
+    A symlink there counts, even one that leads nowhere: the open names what is wrong."""
+    return (palace / DB_FILENAME).is_file() or (palace / DB_FILENAME).is_symlink()
 
 
 def no_palace(ctx: click.Context, palace: Path) -> NoPalaceError:

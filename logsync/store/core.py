@@ -20,6 +20,7 @@ Rules kept here (invariants 1-8 of docs/architecture.md); local writes live in
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import sqlite3
@@ -167,6 +168,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         """
         palace_path = Path(palace).expanduser()
         wall = wall_ms or hlc_mod.system_wall_ms
+        _refuse_symlink_loop(palace_path / DB_FILENAME)
         if read_only:
             if not (palace_path / DB_FILENAME).is_file():
                 raise StoreNeedsWrite(
@@ -428,3 +430,13 @@ def _read_key_if_readable(palace: Path) -> SigningKey | None:
 # ── argument checks ───────────────────────────────────────────────────
 
 
+def _refuse_symlink_loop(db_path: Path) -> None:
+    """A store path that is a symlink loop is one sentence, not SQLite's "unable to open"
+    (or pathlib's RuntimeError) later."""
+    try:
+        db_path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreError(f"cannot open the store {db_path}: it is a symbolic link that "
+                             "leads back to itself (a loop): remove it or point it at the "
+                             "store file") from None
