@@ -9,6 +9,7 @@ that every later request failed on."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -263,3 +264,25 @@ def test_a_store_that_is_a_symlink_loop_is_one_sentence(tmp_path: Path,
     one_sentence(logsync(tmp_path, "--palace", str(palace), *command),
                  f"{palace / 'logstream.sqlite3'}", "a loop")
     assert sorted(p.name for p in palace.iterdir()) == ["logstream.sqlite3"]
+
+
+def test_a_hand_edited_replica_id_is_refused_until_restored(tmp_path: Path,
+                                                            palace: Path) -> None:
+    """Another valid id written into replica.json: the key would sign as two origins.
+    Every command refuses, naming both ids, and stores nothing; restored, all is as
+    before, and `reidentify` is the way to a new identity."""
+    append = ["--palace", str(palace), "append", "--type", "ask", "--stream", "s",
+              "--room", "r", "--from-agent", "a", "--body", "x"]
+    assert logsync(tmp_path, *append).returncode == 0
+    original = (palace / "replica.json").read_text()
+    own = json.loads(original)["replica_id"]
+    (palace / "replica.json").write_text(json.dumps({"replica_id": "rep_0123456789ab"}))
+    before = _fingerprint(palace)
+    for command in (append[2:], ["status"], ["verify"]):
+        one_sentence(logsync(tmp_path, "--palace", str(palace), *command),
+                     "rep_0123456789ab", own, "restore that id")
+    assert _fingerprint(palace) == before
+    (palace / "replica.json").write_text(original)
+    assert logsync(tmp_path, *append).returncode == 0
+    assert logsync(tmp_path, "--palace", str(palace), "reidentify", "--yes").returncode == 0
+    assert logsync(tmp_path, *append).returncode == 0

@@ -53,7 +53,7 @@ from logsync.store.faults import (
     corrupt_sentence,
     describe_fault,
 )
-from logsync.store.keyring import known_key, record_own_key
+from logsync.store.keyring import check_own_origin, known_key, record_own_key
 from logsync.store.ledgers import check_origin, review_conflicts
 from logsync.store.reads import Reads
 from logsync.store.reidentify import Reidentified, reidentify_store
@@ -133,6 +133,8 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
                 self._migrate()
             if self.public_key is None:  # read-only without the key file: what we recorded
                 self.public_key = known_key(self._writer, replica_id)
+            elif read_only:  # the schema is current (checked above): the keyring is there
+                check_own_origin(self._writer, replica_id, self.public_key)
             self._observe_stored_max()
         except BaseException:
             self.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Literal
 
-from logsync.errors import KeyFileError, ValidationError
+from logsync.errors import KeyFileError, ReplicaIdentityError, ValidationError
 from logsync.keys import PUBLIC_KEY_BYTES, certifies
 
 KEYS_DDL = (
@@ -94,9 +94,29 @@ def published_outcome(held: tuple[bytes, str] | None, origin: str, public_key: b
     return "changed"
 
 
+def check_own_origin(conn: sqlite3.Connection, origin: str, public_key: bytes) -> None:
+    """Refuse a palace whose key the store records as the own key of another origin:
+    replica.json's id was changed by hand (reads check it too, so `status` never shows
+    the edited id as this palace's)."""
+    other = conn.execute(
+        "SELECT origin FROM logsync_keys WHERE source = 'self' AND public_key = ? AND "
+        "origin != ? LIMIT 1", (public_key, origin)).fetchone()
+    if other is not None:
+        raise ReplicaIdentityError(
+            f"replica.json names {origin}, but this palace's signing key is recorded in its "
+            f"store as the key of {other[0]}, its own origin: restore that id in "
+            "replica.json (then `logsync reidentify` gives the palace a new identity, if "
+            "that was the aim)"
+        )
+
+
 def record_own_key(conn: sqlite3.Connection, origin: str, public_key: bytes, now: str) -> None:
     """Our own key's row, at every writable open. A different key already recorded for our
-    origin means the key file was replaced or lost: refused, like a second replica id."""
+    origin means the key file was replaced or lost: refused, like a second replica id.
+    Our key recorded as the own key of *another* origin means replica.json's id was
+    changed by hand: refused too, or one key would sign as two origins (`reidentify`
+    marks the old row as no longer ours, and makes a new key)."""
+    check_own_origin(conn, origin, public_key)
     if _pin(conn, origin, _checked(public_key), now, "self") == "changed":
         raise KeyFileError(
             f"the signing key of this palace is not the one recorded for {origin} in its "
