@@ -400,6 +400,8 @@ class Daemon:
     def _record(self, task: _PeerTask, state: PeerState, report: RoundReport, *,
                 full: bool) -> None:
         now = time.time()
+        if full and report.skipped_line() and report.skipped_origins != state.skipped_origins:
+            log.warning("%s", _named(task.label, str(report.skipped_line())))  # once a change
         if full:
             state.record_success(report, now)
         else:

@@ -118,6 +118,18 @@ class RoundReport:
             if p.stop_reason.startswith(STOP_STORE)
         }
 
+    def skipped_line(self) -> str | None:
+        """One sentence on the peer's vector entries this replica cannot pull (an origin
+        that is not a replica id, a count out of range), naming the first: None when
+        there are none. One line however many: a hostile vector must not flood a log."""
+        if not self.skipped_origins:
+            return None
+        origin, reason = min(self.skipped_origins.items())
+        more = len(self.skipped_origins) - 1
+        return (f"its vector lists {len(self.skipped_origins)} origin"
+                f"{'s' if more else ''} this replica cannot pull, skipped: {origin!r} "
+                f"({reason}){f' and {more} more' if more else ''}")
+
     def as_upstream_stats(self, url: str) -> dict[str, Any]:
         """The per-peer stats dict upstream's `sync_with_peer` returns."""
         return {

@@ -286,3 +286,50 @@ def test_a_hand_edited_replica_id_is_refused_until_restored(tmp_path: Path,
     assert logsync(tmp_path, *append).returncode == 0
     assert logsync(tmp_path, "--palace", str(palace), "reidentify", "--yes").returncode == 0
     assert logsync(tmp_path, *append).returncode == 0
+
+
+def test_vector_entries_no_replica_can_pull_are_reported_not_dropped(
+        tmp_path: Path, palace: Path) -> None:
+    """A peer whose vector lists junk (an origin that is no replica id, NaN, 1e400, a count
+    past 2**62): `sync` says so in one line and in its JSON, and pulls the rest."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    answer = (b'{"replica_id": "rep_00000000000a", "version_vector": {"junk": 1, '
+              b'"rep_00000000000b": NaN, "rep_00000000000c": 1e400, '
+              b'"rep_00000000000d": 9223372036854775807, "rep_00000000000e": 0}}')
+
+    class Stub(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            found = self.path.startswith("/sync/version_vector")
+            body = answer if found else b'{"error": "not found"}'
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    thread = Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        done = logsync(tmp_path, "--palace", str(palace), "sync", "--peer", url,
+                       "--pull-only")
+        err = done.stderr.decode()
+        assert done.returncode == 0, err
+        assert err.count("cannot pull") == 1, err
+        assert "lists 4 origins this replica cannot pull, skipped: 'junk'" in err, err
+        assert "and 3 more" in err and "Traceback" not in err, err
+        done = logsync(tmp_path, "--palace", str(palace), "sync", "--peer", url,
+                       "--pull-only", "--json")
+        skipped = json.loads(done.stdout)[0]["skipped_origins"]
+        assert sorted(skipped) == ["junk", "rep_00000000000b", "rep_00000000000c",
+                                   "rep_00000000000d"], skipped
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

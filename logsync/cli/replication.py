@@ -222,6 +222,7 @@ def _sync_one(store: Store, peer: peers_mod.Peer, ca_file: str | None, timeout: 
                   "failed_origins": {o: _unnamed(label, r.removeprefix("failed: "))
                                      for o, r in done.failed_origins().items()},
                   "stopped_origins": done.stopped_origins(),
+                  "skipped_origins": dict(done.skipped_origins),
                   "conflicts": done.conflicts, "quarantined": done.quarantined,
                   "per_origin_detail": {o: p.as_dict() for o, p in done.origins.items()}}
     if push and not isinstance(done, Exception):
@@ -284,6 +285,8 @@ def _print_result(result: dict[str, Any]) -> None:
         for origin, reason in sorted(stats.get("stopped_origins", {}).items()):
             click.echo(f"  {name}: origin {origin} STOPPED: {reason} (held in quarantine: "
                        "logsync quarantine)", err=True)
+        if result["report"] is not None and result["report"].skipped_line():
+            click.echo(f"  {name}: {result['report'].skipped_line()}", err=True)
     _print_push(name, stats.get("push"))
 
 
