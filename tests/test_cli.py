@@ -446,3 +446,42 @@ def test_owed_lists_an_expired_ask_apart_and_claims_names_who_must_yield(run) ->
     text = run("claims", "job-1").output
     assert "won by pi@a" in text and "still to yield" in text and "pi@b" in text.split(
         "still to yield")[1]
+
+
+# ── commands load their modules when named ─────────────────────────────────
+
+
+def test_the_command_map_names_every_module_that_adds_a_command() -> None:
+    """`group.COMMAND_MODULES` against the modules themselves: every command, and every
+    module that defines it or adds a subcommand to it."""
+    import importlib
+    import pkgutil
+
+    import click
+
+    import logsync.cli
+    from logsync.cli.group import COMMAND_MODULES
+
+    modules = [m.name for m in pkgutil.iter_modules(logsync.cli.__path__)
+               if m.name not in ("group", "_common")]
+    for name in modules:
+        importlib.import_module(f"logsync.cli.{name}")
+    found: dict[str, set[str]] = {}
+    for name, command in cli.commands.items():
+        parts = [command, *(command.commands.values() if isinstance(command, click.Group)
+                            else ())]
+        found[name] = {c.callback.__module__.rsplit(".", 1)[1] for c in parts if c.callback}
+    found["logstream"] = {"local"}  # its subcommands are other commands (aliases)
+    assert {k: set(v) for k, v in COMMAND_MODULES.items()} == found
+
+
+def test_sync_does_not_load_the_other_commands() -> None:
+    code = ("import sys; from logsync.cli import cli; "
+            "cli.main(['sync', '--help'], standalone_mode=False); "
+            "print(sorted(m for m in sys.modules if m.startswith('logsync.cli.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    loaded = done.stdout.strip().splitlines()[-1]
+    assert "replication" in loaded
+    for other in ("sim", "conformance", "operator", "ledgers", "status", "verify"):
+        assert f"logsync.cli.{other}'" not in loaded, loaded

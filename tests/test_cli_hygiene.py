@@ -352,8 +352,9 @@ def test_the_walk_finds_a_planted_offender() -> None:
 def test_logstream_sync_is_sync(tmp_path: Path) -> None:
     """`mempalace logstream sync --peer URL --token T --json` works as `logsync logstream
     sync`: the same command, the same options, the same answers."""
-    alias = cli.commands["logstream"].commands["sync"]  # type: ignore[attr-defined]
-    assert alias is cli.commands["sync"]
+    ctx = click.Context(cli)
+    alias = cli.get_command(ctx, "logstream").commands["sync"]  # type: ignore[union-attr]
+    assert alias is cli.get_command(ctx, "sync")
     assert {"--peer", "--token", "--json"} <= {o for p in alias.params for o in p.opts}
     palace = tmp_path / "p"
     ours, upstream = invoke(palace, "sync"), invoke(palace, "logstream", "sync")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import sys
@@ -12,8 +13,44 @@ import click
 from logsync import __version__
 from logsync.cli._common import remember_create
 
+# Which modules define (or add subcommands to) each command. A command's modules are
+# imported when it is named, all of them for the group's help: `logsync sync` does not
+# load the simulator, the conformance runner or the operator commands (~0.05 s of a
+# short run on the 2-core VM). tests/test_cli.py checks this map against the modules.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("ack", "append", "artifact", "info", "init", "list", "logstream",
+                     "patch", "wait"), ("local",)),
+    **dict.fromkeys(("claims", "owed", "presence", "simulate"), ("sim",)),
+    **dict.fromkeys(("conflicts", "quarantine"), ("ledgers", "operator")),
+    "peers": ("ledgers",),
+    "conformance": ("conformance",),
+    "reidentify": ("operator",),
+    **dict.fromkeys(("serve", "sync"), ("replication",)),
+    "status": ("status",),
+    "verify": ("verify",),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """The top-level group: commands register themselves when their module is imported,
+    and a module is imported only when one of its commands is named."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        for name in COMMAND_MODULES:
+            self._load(name)
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._load(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def _load(self, name: str) -> None:
+        if name not in self.commands:
+            for module in COMMAND_MODULES.get(name, ()):
+                importlib.import_module(f"logsync.cli.{module}")
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--palace",
     envvar="LOGSYNC_PALACE",
