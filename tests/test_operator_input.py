@@ -15,6 +15,8 @@ import os
 import random
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -288,10 +290,10 @@ def test_a_hand_edited_replica_id_is_refused_until_restored(tmp_path: Path,
     assert logsync(tmp_path, *append).returncode == 0
 
 
-def test_vector_entries_no_replica_can_pull_are_reported_not_dropped(
-        tmp_path: Path, palace: Path) -> None:
-    """A peer whose vector lists junk (an origin that is no replica id, NaN, 1e400, a count
-    past 2**62): `sync` says so in one line and in its JSON, and pulls the rest."""
+@pytest.fixture
+def junk_vector_peer() -> Iterator[tuple[str, list[str]]]:
+    """A peer on loopback whose vector lists junk (an origin that is no replica id, NaN,
+    1e400, a count past 2**62) beside a valid empty origin; every other path is 404."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from threading import Thread
 
@@ -299,8 +301,11 @@ def test_vector_entries_no_replica_can_pull_are_reported_not_dropped(
               b'"rep_00000000000b": NaN, "rep_00000000000c": 1e400, '
               b'"rep_00000000000d": 9223372036854775807, "rep_00000000000e": 0}}')
 
+    asked: list[str] = []
+
     class Stub(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            asked.append(self.path)
             found = self.path.startswith("/sync/version_vector")
             body = answer if found else b'{"error": "not found"}'
             self.send_response(200 if found else 404)
@@ -316,20 +321,46 @@ def test_vector_entries_no_replica_can_pull_are_reported_not_dropped(
     thread = Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        done = logsync(tmp_path, "--palace", str(palace), "sync", "--peer", url,
-                       "--pull-only")
-        err = done.stderr.decode()
-        assert done.returncode == 0, err
-        assert err.count("cannot pull") == 1, err
-        assert "lists 4 origins this replica cannot pull, skipped: 'junk'" in err, err
-        assert "and 3 more" in err and "Traceback" not in err, err
-        done = logsync(tmp_path, "--palace", str(palace), "sync", "--peer", url,
-                       "--pull-only", "--json")
-        skipped = json.loads(done.stdout)[0]["skipped_origins"]
-        assert sorted(skipped) == ["junk", "rep_00000000000b", "rep_00000000000c",
-                                   "rep_00000000000d"], skipped
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
     finally:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+def test_vector_entries_no_replica_can_pull_are_reported_not_dropped(
+        tmp_path: Path, palace: Path, junk_vector_peer: tuple[str, list[str]]) -> None:
+    """`sync` says so in one line and in its JSON, and pulls the rest."""
+    url, _ = junk_vector_peer
+    done = logsync(tmp_path, "--palace", str(palace), "sync", "--peer", url, "--pull-only")
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert err.count("cannot pull") == 1, err
+    assert "lists 4 origins this replica cannot pull, skipped: 'junk'" in err, err
+    assert "and 3 more" in err and "Traceback" not in err, err
+    done = logsync(tmp_path, "--palace", str(palace), "sync", "--peer", url, "--pull-only",
+                   "--json")
+    skipped = json.loads(done.stdout)[0]["skipped_origins"]
+    assert sorted(skipped) == ["junk", "rep_00000000000b", "rep_00000000000c",
+                               "rep_00000000000d"], skipped
+
+
+def test_the_daemon_warns_of_skipped_vector_entries_once(
+        tmp_path: Path, palace: Path, junk_vector_peer: tuple[str, list[str]]) -> None:
+    """Round after round the same junk: one warning, not one per round."""
+    url, asked = junk_vector_peer
+    assert logsync(tmp_path, "--palace", str(palace), "peers", "add", "junk",
+                   url).returncode == 0
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    daemon = subprocess.Popen([*PY, "--palace", str(palace), "serve", "--port", "0",
+                               "--interval", "0.3", "--no-notify"], env=env, cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(4)  # a dozen rounds
+    finally:
+        daemon.terminate()
+        _, err = daemon.communicate(timeout=30)
+    rounds = sum(path.startswith("/sync/version_vector") for path in asked)
+    assert rounds >= 3, asked
+    assert err.count("cannot pull") == 1, err
+    assert "peer junk: its vector lists 4 origins" in err, err
