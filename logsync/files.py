@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from contextlib import suppress
 from pathlib import Path
+
+
+def symlink_loop(*paths: Path) -> str | None:
+    """One sentence naming the first of `paths` that is a symbolic link leading back to
+    itself (the OS gives up resolving it), else None: SQLite would say only "unable to
+    open", pathlib raise RuntimeError, a JSON read "Too many levels"."""
+    for path in paths:
+        try:
+            path.stat()
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return (f"{path} is a symbolic link that leads back to itself (a loop): "
+                        "remove it or point it at what it should name")
+    return None
 
 
 def make_private_dir(path: Path) -> bool:

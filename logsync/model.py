@@ -404,7 +404,9 @@ def _fast_metadata(meta: dict[str, Any]) -> str | None:
     if len(meta) <= _FLAT_KEYS:
         types = tuple(map(type, meta.values()))
         if _FLAT_TYPES.issuperset(types):
-            key = (tuple(meta.items()), types)  # every value hashable: all are scalars
+            # every value hashable (all are scalars); the key types too: a str subclass
+            # equals its text as a key, and only `str` keys pass the shape check
+            key = (tuple(meta.items()), types, tuple(map(type, meta)))
             found = _flat_cache.get(key)
             if found is not None:
                 return found

@@ -263,19 +263,31 @@ def parse_vector_answer(answer: object, peer: str) -> PeerVector:
     )
 
 
+# At most this many skipped vector entries are named; the rest are one count under
+# SKIPPED_MORE (a key no replica id can be).
+MAX_SKIPPED_LISTED = 100
+SKIPPED_MORE = "(more)"
+
+
 def _split_vector(
     raw: dict[str, Any], where: str, peer: str
 ) -> tuple[dict[str, int], dict[str, str]]:
     vector: dict[str, int] = {}
     skipped: dict[str, str] = {}
+    unlisted = 0
     for origin, top in raw.items():
-        if not is_replica_id(origin):
+        bad = not is_replica_id(origin) or not _is_count(top) or top > MAX_SEQ
+        if not bad:
+            vector[origin] = top
+        elif len(skipped) >= MAX_SKIPPED_LISTED:
+            unlisted += 1  # a hostile vector's junk is counted, not kept (reports, state)
+        elif not is_replica_id(origin):
             skipped[str(origin)[:80]] = "origin is not a replica id ('rep_' and 12 or 32 hex)"
-        elif not _is_count(top) or top > MAX_SEQ:
+        else:
             skipped[origin] = (f"version_vector entry {shorten(top)} is not an integer "
                                f"in 0..2**62")
-        else:
-            vector[origin] = top
+    if unlisted:
+        skipped[SKIPPED_MORE] = f"{unlisted} more entries this replica cannot pull"
     return vector, skipped
 
 

@@ -485,3 +485,14 @@ def test_sync_does_not_load_the_other_commands() -> None:
     assert "replication" in loaded
     for other in ("sim", "conformance", "operator", "ledgers", "status", "verify"):
         assert f"logsync.cli.{other}'" not in loaded, loaded
+
+
+def test_a_command_finds_its_subcommands_whatever_was_loaded_before() -> None:
+    """`conflicts` is registered by one module and its `review` added by another: naming
+    `peers` first (which loads the first) must not hide `review`."""
+    code = ("from click.testing import CliRunner; from logsync.cli import cli; r = CliRunner(); "
+            "print([r.invoke(cli, args).exit_code for args in (['peers', '--help'], "
+            "['conflicts', 'review', '--help'], ['quarantine', 'retry', '--help'])])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[0, 0, 0]", done.stdout + done.stderr

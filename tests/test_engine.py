@@ -1279,3 +1279,27 @@ def test_a_page_naming_too_many_artifacts_asks_for_fewer_ops_and_fetches_in_boun
     assert batches and max(len(s.requests) for s in batches) <= 2
     assert report.applied == 4 and report.artifacts == 12
     assert comparable(b) == comparable(a)
+
+
+def test_a_vector_full_of_junk_names_a_bounded_few_and_counts_the_rest(stores):
+    """A hostile vector of 5 000 junk entries: 100 named in the report (and so in the
+    peer's saved state and `sync --json`), the rest one count; the good origin is pulled."""
+    from logsync.wire import MAX_SKIPPED_LISTED, SKIPPED_MORE
+
+    a, b = stores["a"], stores["b"]
+    append(a, 2)
+    honest = FakePeer(a)
+
+    def odd(request: Request) -> Any:
+        answer = honest(request)
+        if request.path == "/sync/version_vector":
+            answer["version_vector"].update({f"junk-{i:05}": 1 for i in range(5000)})
+        return answer
+
+    report = pull(b, odd)
+    assert report.applied == 2
+    assert len(report.skipped_origins) == MAX_SKIPPED_LISTED + 1
+    assert report.skipped_origins[SKIPPED_MORE].startswith("4900 more entries")
+    line = report.skipped_line()
+    assert line is not None and "more than 100 origins" in line and "'junk-00000'" in line
+    assert len(line) < 300

@@ -264,7 +264,24 @@ def test_a_store_that_is_a_symlink_loop_is_one_sentence(tmp_path: Path,
     palace.mkdir()
     (palace / "logstream.sqlite3").symlink_to("logstream.sqlite3")
     one_sentence(logsync(tmp_path, "--palace", str(palace), *command),
-                 f"{palace / 'logstream.sqlite3'}", "a loop")
+                 f"{palace / 'logstream.sqlite3'} is a symbolic link", "a loop")
+    assert sorted(p.name for p in palace.iterdir()) == ["logstream.sqlite3"]
+    looping = tmp_path / "looping"  # the palace directory itself
+    looping.symlink_to("looping")
+    one_sentence(logsync(tmp_path, "--palace", str(looping), *command),
+                 f"{looping} is a symbolic link", "a loop")
+
+
+def test_a_store_link_to_nowhere_is_no_palace_and_creates_nothing(tmp_path: Path) -> None:
+    """A link to a file that does not exist is not a store: without --create nothing is
+    made, neither the target nor the palace's identity."""
+    palace = tmp_path / "p"
+    palace.mkdir()
+    (palace / "logstream.sqlite3").symlink_to(tmp_path / "target.sqlite3")
+    one_sentence(logsync(tmp_path, "--palace", str(palace), "append", "--type", "ask",
+                         "--stream", "s", "--room", "r", "--from-agent", "a", "--body", "x"),
+                 "no palace at")
+    assert not (tmp_path / "target.sqlite3").exists()
     assert sorted(p.name for p in palace.iterdir()) == ["logstream.sqlite3"]
 
 
@@ -283,6 +300,12 @@ def test_a_hand_edited_replica_id_is_refused_until_restored(tmp_path: Path,
     for command in (append[2:], ["status"], ["verify"]):
         one_sentence(logsync(tmp_path, "--palace", str(palace), *command),
                      "rep_0123456789ab", own, "restore that id")
+    assert _fingerprint(palace) == before
+    key = palace / "logsync-signing-key"  # a reader who may not read the key file
+    key.rename(tmp_path / "key")
+    one_sentence(logsync(tmp_path, "--palace", str(palace), "status"),
+                 "rep_0123456789ab", own, "changed by hand")
+    (tmp_path / "key").rename(key)
     assert _fingerprint(palace) == before
     (palace / "replica.json").write_text(original)
     assert logsync(tmp_path, *append).returncode == 0

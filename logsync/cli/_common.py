@@ -16,6 +16,7 @@ import click
 import platformdirs
 
 from logsync.errors import LogsyncError, ValidationError, shorten
+from logsync.files import symlink_loop
 from logsync.model import MAX_ARTIFACT_BYTES
 from logsync.store import DB_FILENAME, Store
 from logsync.store.faults import StoreNeedsWrite
@@ -47,7 +48,11 @@ def palace_of(ctx: click.Context, named: str | None = None) -> Path:
         # $PALACE unset would otherwise mean the default palace
         raise click.BadParameter(f"{PALACE_ENV} is set but empty: it must name a "
                                  "directory (unset it for the default palace)")
-    return Path(named or default_palace()).expanduser()
+    palace = Path(named or default_palace()).expanduser()
+    loop = symlink_loop(palace, palace / DB_FILENAME)
+    if loop is not None:  # before any file of it is read, created or reported missing
+        raise click.BadParameter(f"palace {palace} cannot be used: {loop}")
+    return palace
 
 
 class FiniteRange(click.FloatRange):
@@ -88,9 +93,8 @@ def may_create(ctx: click.Context) -> bool:
 
 
 def has_palace(palace: Path) -> bool:
-    """A palace is a directory holding the store file; anything else is not one (yet).
-    A symlink there counts, even one that leads nowhere: the open names what is wrong."""
-    return (palace / DB_FILENAME).is_file() or (palace / DB_FILENAME).is_symlink()
+    """A palace is a directory holding the store file; anything else is not one (yet)."""
+    return (palace / DB_FILENAME).is_file()
 
 
 def no_palace(ctx: click.Context, palace: Path) -> NoPalaceError:

@@ -45,9 +45,11 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
     def _load(self, name: str) -> None:
-        if name not in self.commands:
-            for module in COMMAND_MODULES.get(name, ()):
-                importlib.import_module(f"logsync.cli.{module}")
+        # every module each time (a no-op once imported): `conflicts` is registered by
+        # `ledgers` and its `review` added by `operator`, which another command's load
+        # may not have imported
+        for module in COMMAND_MODULES.get(name, ()):
+            importlib.import_module(f"logsync.cli.{module}")
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -20,7 +20,6 @@ Rules kept here (invariants 1-8 of docs/architecture.md); local writes live in
 
 from __future__ import annotations
 
-import errno
 import os
 import secrets
 import sqlite3
@@ -39,7 +38,7 @@ from logsync.errors import (
     ReplicaIdentityError,
     StoreError,
 )
-from logsync.files import make_private_dir
+from logsync.files import make_private_dir, symlink_loop
 from logsync.keyfile import KEY_FILENAME, load_or_mint_signing_key, read_signing_key
 from logsync.keys import public_key_of, sign_digest
 from logsync.replica import get_replica_id, read_replica_id
@@ -131,10 +130,10 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
                     )
             else:
                 self._migrate()
+            if read_only:  # the schema is current (checked above): the keyring is there
+                check_own_origin(self._writer, replica_id, self.public_key)
             if self.public_key is None:  # read-only without the key file: what we recorded
                 self.public_key = known_key(self._writer, replica_id)
-            elif read_only:  # the schema is current (checked above): the keyring is there
-                check_own_origin(self._writer, replica_id, self.public_key)
             self._observe_stored_max()
         except BaseException:
             self.close()
@@ -170,7 +169,9 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         """
         palace_path = Path(palace).expanduser()
         wall = wall_ms or hlc_mod.system_wall_ms
-        _refuse_symlink_loop(palace_path / DB_FILENAME)
+        loop = symlink_loop(palace_path, palace_path / DB_FILENAME)
+        if loop is not None:
+            raise StoreError(f"cannot open the store: {loop}")
         if read_only:
             if not (palace_path / DB_FILENAME).is_file():
                 raise StoreNeedsWrite(
@@ -430,15 +431,3 @@ def _read_key_if_readable(palace: Path) -> SigningKey | None:
 
 
 # ── argument checks ───────────────────────────────────────────────────
-
-
-def _refuse_symlink_loop(db_path: Path) -> None:
-    """A store path that is a symlink loop is one sentence, not SQLite's "unable to open"
-    (or pathlib's RuntimeError) later."""
-    try:
-        db_path.stat()
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise StoreError(f"cannot open the store {db_path}: it is a symbolic link that "
-                             "leads back to itself (a loop): remove it or point it at the "
-                             "store file") from None

@@ -94,10 +94,26 @@ def published_outcome(held: tuple[bytes, str] | None, origin: str, public_key: b
     return "changed"
 
 
-def check_own_origin(conn: sqlite3.Connection, origin: str, public_key: bytes) -> None:
+def check_own_origin(conn: sqlite3.Connection, origin: str, public_key: bytes | None) -> None:
     """Refuse a palace whose key the store records as the own key of another origin:
     replica.json's id was changed by hand (reads check it too, so `status` never shows
-    the edited id as this palace's)."""
+    the edited id as this palace's). Without the key (a reader who may not read the key
+    file), a store that records another origin as its own and none for `origin` is
+    refused too: an edit, or a `reidentify` interrupted before its next writable open,
+    which only the owner can tell apart."""
+    if public_key is None:
+        other = conn.execute(
+            "SELECT origin FROM logsync_keys WHERE source = 'self' AND origin != ? AND NOT "
+            "EXISTS (SELECT 1 FROM logsync_keys WHERE source = 'self' AND origin = ?) "
+            "LIMIT 1", (origin, origin)).fetchone()
+        if other is not None:
+            raise ReplicaIdentityError(
+                f"replica.json names {origin}, but the store records {other[0]} as this "
+                f"palace's own origin and nothing for {origin}: replica.json was changed "
+                "by hand, or `logsync reidentify` was interrupted; run any writable "
+                "command as the palace's owner, which finishes the one or names the id "
+                "to restore for the other")
+        return
     other = conn.execute(
         "SELECT origin FROM logsync_keys WHERE source = 'self' AND public_key = ? AND "
         "origin != ? LIMIT 1", (public_key, origin)).fetchone()
