@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -138,10 +139,38 @@ def logsync_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str,
     return child_env(home, {"PYTHONPATH": str(source_root), **(extra or {})})
 
 
+_HANDED_OUT: set[int] = set()
+_BELOW_EPHEMERAL = 8000  # ports picked from this many below the kernel's ephemeral range
+_PICK = random.SystemRandom()  # not the shared generator, which a test may seed
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A port a server started next can bind: free now, below the kernel's ephemeral range
+    (an outgoing connection's port, which the kernel picks from that range, cannot take
+    it between this pick and the server's bind: a chaos run lost a daemon that way) and
+    never handed out before by this process (a node restarted keeps its port)."""
+    low = _ephemeral_low()
+    for _ in range(500):
+        port = _PICK.randrange(max(1024, low - _BELOW_EPHEMERAL), low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((LOOPBACK, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded machine
         sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def _tail(text: str, lines: int = 60) -> str:
