@@ -4,7 +4,6 @@ failure translation and retries, and one round against a real uvicorn server."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from logsync.fetchpolicy import prefetch_guess
 from logsync.responder import UPSTREAM_HUB, Profile, answer
 from logsync.store import Store
 from logsync.wire import EXT_MSGPACK
+from tests.interop.hub import free_port
 
 URL = "http://peer.test:8000"
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -417,11 +417,6 @@ def test_bad_urls_and_ca_files_are_config_errors(tmp_path):
 
 # ── a real server on loopback ───────────────────────────────────────
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

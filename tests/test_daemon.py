@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -16,14 +15,10 @@ import httpx
 import pytest
 
 from logsync.store import Store
+from tests.interop.hub import free_port
 
 PY = [sys.executable, "-m", "logsync"]
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run(palace: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

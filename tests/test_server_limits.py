@@ -23,16 +23,12 @@ import uvicorn
 from logsync.server import create_app, json_bytes
 from logsync.server.limits import GuardedH11Protocol, listen_socket, uvicorn_limits
 from logsync.store import Store
+from tests.interop.hub import free_port
 
 PY = [sys.executable, "-m", "logsync"]
 TOKEN = "tok-limits"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Serve:

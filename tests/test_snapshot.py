@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from logsync.snapshot import JOIN_PREFIX, SERVE_PREFIX
 from logsync.snapshot.joining import join_if_empty
 from logsync.snapshot.making import make_copy
 from logsync.store import Store
+from tests.interop.hub import free_port
 
 PY = [sys.executable, "-m", "logsync"]
 WAIT_S = 30.0
@@ -74,11 +74,6 @@ def relay(source: Store, into: Store) -> None:
     report = sync_once(into, "http://127.0.0.1", transport=transport)
     assert report.applied and not report.conflicts and not report.quarantined
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ThreadServer:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from test_snapshot import FakePeer, ThreadServer, build, content, free_port, wait_for
+from test_snapshot import FakePeer, ThreadServer, build, content, wait_for
 
 from logsync.client import sync_once
 from logsync.peers import Peer
@@ -20,6 +20,7 @@ from logsync.snapshot import SERVE_PREFIX
 from logsync.snapshot.joining import join_if_empty
 from logsync.snapshot.making import SnapshotCache
 from logsync.store import Store
+from tests.interop.hub import free_port
 
 
 def test_a_copy_is_fresh_while_a_prefix_few_ops_behind_and_young(tmp_path: Path) -> None:
