@@ -26,11 +26,37 @@ def _runs(base: Path, prefix: str) -> set[str]:
     return {p.name for p in base.iterdir() if p.name.startswith(prefix)}
 
 
+def _group(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        if entry.name.isdigit() and int(stat.rpartition(")")[2].split()[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    try:
+        return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _semaphores() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("sem.mp-*")}
+
+
 def _killed_mid_run(argv: list[str], prefix: str) -> set[str]:
-    """Start `logsync simulate …`, SIGKILL its whole group once its directory exists;
-    the directories it left."""
+    """Start `logsync simulate …`, SIGKILL its whole group once its directory exists
+    (all but multiprocessing's resource tracker: it outlives a killed parent to unlink
+    the pool's named semaphores, which a kill of it too would leave in /dev/shm); the
+    directories it left."""
     base = scratch_base()
-    before = _runs(base, prefix)
+    before, semaphores = _runs(base, prefix), _semaphores()
     proc = subprocess.Popen([sys.executable, "-m", "logsync", "simulate", *argv],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -41,7 +67,9 @@ def _killed_mid_run(argv: list[str], prefix: str) -> set[str]:
             time.sleep(0.05)
         time.sleep(1.0)  # its stores are being written
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in _group(proc.pid):
+            if not _is_resource_tracker(pid):
+                os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # every process of the group is gone
@@ -50,6 +78,10 @@ def _killed_mid_run(argv: list[str], prefix: str) -> set[str]:
             except ProcessLookupError:
                 break
             time.sleep(0.05)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError("the resource tracker outlived its killed run by 10 s")
+    assert _semaphores() - semaphores == set(), "named semaphores left in /dev/shm"
     left = _runs(base, prefix) - before
     assert left, "the killed run left no directory: nothing to test"
     for name in left:
