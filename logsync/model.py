@@ -45,6 +45,12 @@ ARTIFACT_KEYS = (
     "origin_replica", "metadata",
 )
 OPTIONAL_ROUTING = ("topic", "to_agent", "correlation_id", "branch", "base_commit")
+# A validated op as the events table stores it, in its INSERT's column order.
+ROW_COLUMNS = (
+    "id", "type", "stream", "room", "topic", "from_agent", "to_agent", "correlation_id",
+    "branch", "base_commit", "status", "body", "created_at", "metadata_json",
+    "origin_replica", "origin_seq", "hlc",
+)
 
 # Patterns are whole-string (`fullmatch`) and ASCII-only: `$` would accept a final
 # newline and `\d` any Unicode digit, and the fast and careful paths must agree.
@@ -292,6 +298,16 @@ def validate_local_event(fields: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def remote_values(event: object) -> tuple[tuple[Any, ...], list[str]]:
+    """`validate_remote_event` as the events row's values in `ROW_COLUMNS` order and the
+    sorted artifact ids: a page's ops go straight into an INSERT, no dict between."""
+    found = _fast_values(event) if type(event) is dict else None
+    if found is not None:
+        return found
+    row = _checked_remote_row(event)
+    return tuple(row[name] for name in ROW_COLUMNS), row["artifact_ids"]
+
+
 def validate_remote_event(event: object) -> dict[str, Any]:
     """A peer's op: every local rule plus the provenance fields.
 
@@ -366,6 +382,16 @@ _id_match = ID_RE.fullmatch
 
 def _fast_remote_row(ev: dict[str, Any]) -> dict[str, Any] | None:
     """The whole-op predicate; None means 'ask the careful path'."""
+    found = _fast_values(ev)
+    if found is None:
+        return None
+    row = dict(zip(ROW_COLUMNS, found[0], strict=True))
+    row["artifact_ids"] = found[1]
+    return row
+
+
+def _fast_values(ev: dict[str, Any]) -> tuple[tuple[Any, ...], list[str]] | None:
+    """`_fast_remote_row` as `remote_values` answers it; None: ask the careful path."""
     (ident, typ, stream, room, sender, origin, seq, stamp, text, meta, ids, stat, created,
      *optional) = map(ev.get, _FAST_FIELDS)
     labels = _known_labels
@@ -407,13 +433,8 @@ def _fast_remote_row(ev: dict[str, Any]) -> dict[str, Any] | None:
     else:
         meta_json = "{}"
     topic, to_agent, correlation_id, branch, base_commit = optional
-    return {
-        "id": ident, "type": typ, "stream": stream, "room": room, "from_agent": sender,
-        "topic": topic, "to_agent": to_agent, "correlation_id": correlation_id,
-        "branch": branch, "base_commit": base_commit, "status": stat, "created_at": created,
-        "origin_replica": origin, "origin_seq": seq, "hlc": stamp, "body": text or "",
-        "metadata_json": meta_json, "artifact_ids": ids or [],
-    }
+    return (ident, typ, stream, room, topic, sender, to_agent, correlation_id, branch,
+            base_commit, stat, text or "", created, meta_json, origin, seq, stamp), ids or []
 
 
 # Flat metadata (a few keys, each value a string, an integer, a boolean or null) as its

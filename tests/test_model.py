@@ -402,8 +402,14 @@ def test_fast_remote_validation_agrees_with_the_field_by_field_rules(
     if careful is None:
         with pytest.raises(ValidationError):
             model.validate_remote_event(op)
+        with pytest.raises(ValidationError):
+            model.remote_values(op)
     else:
         assert model.validate_remote_event(op) == careful
+        # what the fast page path inserts: the same row, in the INSERT's column order
+        assert model.remote_values(op) == (
+            tuple(careful[name] for name in model.ROW_COLUMNS), careful["artifact_ids"])
+        assert set(model.ROW_COLUMNS) == set(careful) - {"artifact_ids"}
 
 
 # Values equal as keys of a dict but written apart (1 / True / 1.0, 0.0 / -0.0), texts

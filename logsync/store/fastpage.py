@@ -80,30 +80,24 @@ def prepare_page(
     ids: set[str] = set()
     used: dict[str, str] = {}
     digest, seen = prev, after
-    validate = model.validate_remote_event
+    validated = model.remote_values
     for op in events:
         try:
-            row = validate(op)
+            values, named = validated(op)
         except ValidationError:
             return None
-        seq, ident = row["origin_seq"], row["id"]
-        if row["origin_replica"] != origin or seq <= seen or ident in ids:
+        ident, seq = values[0], values[15]
+        if values[14] != origin or seq <= seen or ident in ids:
             return None
         seen = seq
         ids.add(ident)
         pairs: dict[str, str | None] = {}
-        for art in row["artifact_ids"]:
+        for art in named:
             sha = shas.get(art)
             if sha is None:
                 return None  # the reference quarantines it (missing artifact)
             pairs[art] = used[art] = sha
             links.append((ident, art))
-        values = (
-            ident, row["type"], row["stream"], row["room"], row["topic"], row["from_agent"],
-            row["to_agent"], row["correlation_id"], row["branch"], row["base_commit"],
-            row["status"], row["body"], row["created_at"], row["metadata_json"], origin, seq,
-            row["hlc"],
-        )
         try:  # `chaining.canonical` without its repair of types no validated row has
             data = canonical_row(*values[:13], compact_metadata(values[13]), *values[14:],
                                  pairs)

@@ -19,13 +19,11 @@ import sqlite3
 from datetime import UTC, datetime
 
 from logsync import hlc as hlc_mod
+from logsync.model import ROW_COLUMNS
 from logsync.store.chaining import CHAIN_DDL, add_signature_column
 from logsync.store.keyring import create_keys_table
 
-EVENT_COLUMNS = (
-    "id, type, stream, room, topic, from_agent, to_agent, correlation_id, branch, "
-    "base_commit, status, body, created_at, metadata_json, origin_replica, origin_seq, hlc"
-)
+EVENT_COLUMNS = ", ".join(ROW_COLUMNS)
 INSERT_EVENT = f"INSERT INTO events ({EVENT_COLUMNS}) VALUES ({', '.join('?' * 17)})"
 INSERT_ARTIFACT = (
     "INSERT INTO artifacts (id, kind, sha256, size_bytes, content, created_by, created_at, "
