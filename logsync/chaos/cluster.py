@@ -25,6 +25,7 @@ import glob
 import os
 import secrets
 import signal
+import subprocess
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,12 +47,25 @@ FAKETIME_GLOBS = ("/usr/lib/*/faketime/libfaketimeMT.so.1", "/usr/lib/faketime/l
                   "/usr/local/lib/faketime/libfaketimeMT.so.1")
 
 
+# What libfaketime creates in each process it is loaded into (its children share them)
+# and removes as that process exits. A process that is killed, or that execs (`ip netns
+# exec` loads it, then becomes the daemon), leaves them: the cluster removes them.
+FAKETIME_LEFTOVERS = ("/dev/shm/faketime_shm_{pid}", "/dev/shm/sem.faketime_sem_{pid}")
+
+
 def faketime_lib() -> str | None:
     """libfaketime (multi-threaded flavour), or None when it is not installed."""
     for pattern in FAKETIME_GLOBS:
         for path in sorted(glob.glob(pattern)):
             return path
     return None
+
+
+def remove_faketime_leftovers(pid: int) -> None:
+    """Remove what libfaketime left of process `pid` (which has exited and was reaped)."""
+    for pattern in FAKETIME_LEFTOVERS:
+        with contextlib.suppress(OSError):
+            os.unlink(pattern.format(pid=pid))
 
 
 def edges(topology: str, members: list[str]) -> list[tuple[str, str]]:
@@ -149,6 +163,7 @@ class Cluster:
     proxy_of: dict[tuple[str, str], str] = field(default_factory=dict)
     closed: bool = False
     problems: list[str] = field(default_factory=list)
+    faked_pids: set[int] = field(default_factory=set)  # daemons started under libfaketime
 
     # ── lifecycle ──
 
@@ -335,6 +350,14 @@ class Cluster:
             with contextlib.suppress(Exception):
                 server.proc.kill()
                 server.proc.wait(5)
+        self._reaped(server.proc)
+
+    def _reaped(self, proc: subprocess.Popen[bytes]) -> None:
+        """After a node's process was reaped: what libfaketime left of it goes (its pid
+        is not re-used before the reap)."""
+        if proc.returncode is not None and proc.pid in self.faked_pids:
+            self.faked_pids.discard(proc.pid)
+            remove_faketime_leftovers(proc.pid)
 
     def _stop_proxies(self) -> None:
         if self.proxies is not None:
@@ -365,6 +388,8 @@ class Cluster:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(H.STOP_TIMEOUT_S)
+        if proc is not None:
+            self._reaped(proc)
         node.paused = False
 
     def start_node(self, name: str, *, skewed: bool | None = None) -> None:
@@ -374,7 +399,11 @@ class Cluster:
             node.skewed = skewed
         server = self.server(name)
         server.env = self._env(node, skewed=node.skewed)
-        server.start()
+        try:
+            server.start()
+        finally:
+            if node.skewed and server.proc is not None:
+                self.faked_pids.add(server.proc.pid)
 
     def restart(self, name: str, *, skewed: bool | None = None) -> None:
         """A graceful restart (SIGTERM), e.g. to change its clock."""

@@ -13,6 +13,7 @@ namespace, link, mount or process behind.
 
 from __future__ import annotations
 
+import glob
 import json
 from pathlib import Path
 
@@ -31,6 +32,8 @@ FIXED = [
                  id="mesh-full-disk-loopback-seed3"),
 ]
 
+FAKETIME_FILES = "/dev/shm/*faketime_*"
+
 
 @pytest.mark.chaos
 @pytest.mark.parametrize(("seed", "topology", "mix", "mode"), FIXED)
@@ -44,6 +47,7 @@ def test_a_fixed_seed_loses_nothing_and_leaves_nothing(
     if "disk" in mix:
         request.getfixturevalue("need_mount")
     out = tmp_path / "run"
+    faketime_files = set(glob.glob(FAKETIME_FILES))
     result = run(RunConfig(seed=seed, out=out, topology=topology, mix=mix, mode=mode),
                  mempalace_exe)
     s = result.summary
@@ -63,5 +67,7 @@ def test_a_fixed_seed_loses_nothing_and_leaves_nothing(
     assert len(acked) >= 40, f"a thin workload: {len(acked)} acknowledged appends"
     assert {o["node"] == "hub" for o in acked} == {True, False}, "both CLIs acknowledged"
     assert not result.leftovers and netns.find([s["tag"]]).describe() == []
+    assert set(glob.glob(FAKETIME_FILES)) - faketime_files == set(), \
+        "libfaketime's files of a skewed daemon are left in /dev/shm"
     assert json.loads((out / "verdict.json").read_text())["ok"] is True
     assert (out / "timeline.png").stat().st_size > 10_000
