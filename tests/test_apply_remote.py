@@ -670,8 +670,8 @@ def test_ops_are_grouped_by_origin_in_seq_then_arrival_order(
         picks: list[tuple[str | None, Any]]) -> None:
     """`group_by_origin` returns an in-order page as it came (no sort) and sorts any other:
     both are the (seq, arrival) order, ops without a usable seq last."""
-    from logsync.store.apply import group_by_origin
     from logsync.store.ledgers import raw_seq
+    from logsync.store.rows import group_by_origin
 
     ops = [{"origin_replica": o, "origin_seq": s, "n": n} for n, (o, s) in enumerate(picks)]
     groups = group_by_origin(ops)

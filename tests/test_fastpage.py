@@ -23,7 +23,7 @@ from conftest import CountingIds, FakeClock, RemoteKit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logsync import model, overlap, prefetch
+from logsync import model, overlap, prefetch, remoteops
 from logsync.chain import canonical_op
 from logsync.pagechain import carries_signature
 from logsync.responder import LOGSYNC_SERVER, UPSTREAM_HUB
@@ -285,7 +285,7 @@ def test_a_valid_op_chains_the_same_from_its_row_as_as_sent(metadata, optional, 
     op = KIT.op(KIT.origin(1), 3, metadata=metadata, topic=optional, to_agent=optional,
                 status=None, body=body, artifact_ids=arts)
     try:
-        row = model.validate_remote_event(op)
+        row = remoteops.validate_remote_event(op)
     except model.ValidationError:
         return
     shas = {"art_a": "a" * 64, "art_b": "b" * 64, "art_c": "c" * 64}

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logsync import model
+from logsync import model, remoteops
 from logsync.errors import ValidationError, shorten
 from logsync.store import Store
 
@@ -392,22 +392,22 @@ def test_fast_remote_validation_agrees_with_the_field_by_field_rules(
     op = remote.op(remote.origin(1), 3)
     op.update(changes)
     try:
-        careful: dict[str, Any] | None = model._checked_remote_row(op)
+        careful: dict[str, Any] | None = model.checked_remote_row(op)
     except ValidationError:
         careful = None
-    fast = model._fast_remote_row(op)
+    fast = remoteops._fast_remote_row(op)
     if fast is not None:
         assert careful is not None, f"fast path accepted what the rules refuse: {changes}"
         assert fast == careful
     if careful is None:
         with pytest.raises(ValidationError):
-            model.validate_remote_event(op)
+            remoteops.validate_remote_event(op)
         with pytest.raises(ValidationError):
-            model.remote_values(op)
+            remoteops.remote_values(op)
     else:
-        assert model.validate_remote_event(op) == careful
+        assert remoteops.validate_remote_event(op) == careful
         # what the fast page path inserts: the same row, in the INSERT's column order
-        assert model.remote_values(op) == (
+        assert remoteops.remote_values(op) == (
             tuple(careful[name] for name in model.ROW_COLUMNS), careful["artifact_ids"])
         assert set(model.ROW_COLUMNS) == set(careful) - {"artifact_ids"}
 
@@ -430,39 +430,39 @@ _metadata = st.dictionaries(st.sampled_from(["a", "b", "attempt", "é", "клю�
 def test_cached_flat_metadata_is_what_the_encoder_writes(metas: list[dict[str, Any]]) -> None:
     """Each answer of the fast path's metadata cache is what the shape check and the
     encoder give for that very dict (asked twice: once to fill, once from the cache)."""
-    model._flat_cache.clear()
+    remoteops._flat_cache.clear()
     for meta in metas * 2:
-        assert model._fast_metadata(meta) == model._metadata_or_none(meta), meta
+        assert remoteops._fast_metadata(meta) == remoteops._metadata_or_none(meta), meta
 
 
 def test_metadata_equal_as_keys_but_written_apart_is_never_confused() -> None:
     values = [1, True, 1.0, 0, False, 0.0, -0.0, None, "1", 2**64, 2**64 + 0.0]
-    model._flat_cache.clear()
+    remoteops._flat_cache.clear()
     for value in values * 2:
         meta = {"a": value, "b": 1}
-        assert model._fast_metadata(meta) == model._metadata_or_none(meta), meta
+        assert remoteops._fast_metadata(meta) == remoteops._metadata_or_none(meta), meta
 
 
 def test_a_key_equal_to_a_text_but_not_a_str_is_never_answered_from_the_cache() -> None:
     class Text(str):
         pass
 
-    model._flat_cache.clear()
+    remoteops._flat_cache.clear()
     for meta in ({"a": 1}, {Text("a"): 1}, {"a": 1}):
-        assert model._fast_metadata(meta) == model._metadata_or_none(meta), meta
+        assert remoteops._fast_metadata(meta) == remoteops._metadata_or_none(meta), meta
 
 
 def test_the_metadata_cache_stays_bounded() -> None:
-    model._flat_cache.clear()
-    for n in range(model._FLAT_CACHE_ENTRIES * 3):
-        assert model._fast_metadata({"attempt": n}) == f'{{"attempt": {n}}}'
-        assert len(model._flat_cache) <= model._FLAT_CACHE_ENTRIES
-    assert model._fast_metadata({"x": "y" * 600}) == f'{{"x": "{"y" * 600}"}}'
-    assert not any(key[0] == (("x", "y" * 600),) for key in model._flat_cache)  # too long
+    remoteops._flat_cache.clear()
+    for n in range(remoteops._FLAT_CACHE_ENTRIES * 3):
+        assert remoteops._fast_metadata({"attempt": n}) == f'{{"attempt": {n}}}'
+        assert len(remoteops._flat_cache) <= remoteops._FLAT_CACHE_ENTRIES
+    assert remoteops._fast_metadata({"x": "y" * 600}) == f'{{"x": "{"y" * 600}"}}'
+    assert not any(key[0] == (("x", "y" * 600),) for key in remoteops._flat_cache)  # too long
 
 
-_KNOWN_SETS = (model._known_labels, model._known_types, model._known_origins,
-               model._known_seconds)
+_KNOWN_SETS = (remoteops._known_labels, remoteops._known_types, remoteops._known_origins,
+               remoteops._known_seconds)
 _label_texts = st.one_of(
     st.sampled_from(["proj", " ", "\t", "a\x00b", "\ud800", "é", "x" * 256, "x" * 257,
                      "\u3000", "ok\n"]),
@@ -490,27 +490,27 @@ def test_texts_known_good_are_judged_as_the_rules_judge_them(
         if name == "origin_replica":
             op["hlc"] = op["hlc"][:21] + value
         try:
-            careful: dict[str, Any] | None = model._checked_remote_row(op)
+            careful: dict[str, Any] | None = model.checked_remote_row(op)
         except ValidationError:
             careful = None
         for _ in range(2):
-            fast = model._fast_remote_row(op)
+            fast = remoteops._fast_remote_row(op)
             assert fast is None or fast == careful, (name, value)
             if careful is None:
                 with pytest.raises(ValidationError):
-                    model.validate_remote_event(op)
+                    remoteops.validate_remote_event(op)
 
 
 def test_the_known_good_texts_stay_bounded(remote: Any) -> None:
     for known in _KNOWN_SETS:
         known.clear()
     origin = remote.origin(1)
-    for n in range(model._KNOWN_ENTRIES * 2 + 7):
+    for n in range(remoteops._KNOWN_ENTRIES * 2 + 7):
         op = remote.op(origin, 3, stream=f"s{n}", room=f"r{n}", type=f"t{n}")
-        assert model._fast_remote_row(op) is not None
-        assert all(len(known) <= model._KNOWN_ENTRIES for known in _KNOWN_SETS)
-    assert "s0" not in model._known_labels and f"s{model._KNOWN_ENTRIES * 2 + 6}" in \
-        model._known_labels
+        assert remoteops._fast_remote_row(op) is not None
+        assert all(len(known) <= remoteops._KNOWN_ENTRIES for known in _KNOWN_SETS)
+    assert "s0" not in remoteops._known_labels and f"s{remoteops._KNOWN_ENTRIES * 2 + 6}" in \
+        remoteops._known_labels
 
 
 @settings(max_examples=300, deadline=None)

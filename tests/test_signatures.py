@@ -348,3 +348,40 @@ def test_a_peer_whose_chain_at_zero_is_not_d0_fails_its_origin_records_nothing(t
     progress = report.origins[a.replica_id]
     assert progress.error_kind == "protocol" and "d_0" in progress.stop_reason
     assert [x for x in c.list_conflicts() if x["kind"] == "divergence"] == []
+
+
+def test_a_relay_without_chains_cannot_move_a_signed_origin_past_ops_it_lacks(tmp_path):
+    """A hub relays unproven ops: of an origin whose key we know (gap-free), one past our
+    top + 1 is quarantined and stops the origin, so a relay inventing a far op cannot
+    lift the origin's entry over real ops this replica would then never pull."""
+    a, c = Store.open(tmp_path / "a"), Store.open(tmp_path / "c")
+    append(a, 5)
+    ops = a.list_ops(a.replica_id, 0, 10)
+    far = dict(ops[1], id="evt_" + "f" * 32, origin_seq=2**62, body="forged far")
+    c.pin_keys({a.replica_id: a.public_key}, "test")
+    c.apply_remote(ops[:2])                              # through a hub: unproven, in order
+    assert c.version_vector()[a.replica_id] == 2
+    result = c.apply_remote([ops[2], far])               # op by op: 3 taken, the far one not
+    assert result.applied == 1 and a.replica_id in result.stopped
+    assert c.apply_remote([ops[4]]).applied == 0         # the fresh-page path: 5 after 3
+    assert c.version_vector()[a.replica_id] == 3
+    held = {q["origin_seq"]: q["reason"] for q in quarantined(c)}
+    assert set(held) == {2**62, 5} and all(r.startswith("gap: ") for r in held.values())
+    assert "past 4" in held[5]
+    append(a, 1)                                         # the real ops still come, proven
+    pull(c, Relay(a))
+    assert c.version_vector()[a.replica_id] == 6
+    assert comparable(c) == comparable(a)
+    c.retry_quarantine()                                 # 5 is held now; 2**62 still waits
+    assert [q["origin_seq"] for q in quarantined(c)] == [2**62]
+
+
+def test_an_origin_without_a_known_key_is_taken_with_gaps(tmp_path):
+    """Upstream origins (a hub's counter is its rowid) have gaps: without a key, an op past
+    top + 1 is taken as before."""
+    a, c = Store.open(tmp_path / "a"), Store.open(tmp_path / "c")
+    append(a, 5)
+    ops = a.list_ops(a.replica_id, 0, 10)
+    result = c.apply_remote([ops[0], ops[3]])
+    assert result.applied == 2 and not result.stopped and not quarantined(c)
+    assert c.version_vector()[a.replica_id] == 4

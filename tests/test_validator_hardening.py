@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logsync import hlc, model
+from logsync import hlc, model, remoteops
 from logsync.errors import ValidationError
 from logsync.replica import is_replica_id
 from tests.conftest import T0_MS, RemoteKit, origin_id
@@ -45,7 +45,7 @@ FIELDS = (*model.EVENT_KEYS, "artifacts")
 
 def _careful(op: Any) -> dict[str, Any] | str:
     try:
-        return model._checked_remote_row(op)
+        return model.checked_remote_row(op)
     except ValidationError as exc:
         return f"invalid: {exc}"
 
@@ -67,13 +67,13 @@ def test_fast_and_careful_paths_accept_exactly_the_same_ops(
         op[name] = copy.deepcopy(HOSTILE_VALUES[index])
     for name in drop:
         op.pop(name, None)
-    fast = model._fast_remote_row(op)
+    fast = remoteops._fast_remote_row(op)
     careful = _careful(op)
     if fast is not None:
         assert careful == fast, "the fast path accepted what the careful path judges otherwise"
     # And the public entry point always agrees with the careful path.
     try:
-        public: dict[str, Any] | str = model.validate_remote_event(op)
+        public: dict[str, Any] | str = remoteops.validate_remote_event(op)
     except ValidationError as exc:
         public = f"invalid: {exc}"
     assert public == careful
@@ -89,7 +89,7 @@ def _assert_storable(row: dict[str, Any]) -> None:
     assert row["created_at"].isascii() and row["id"].isascii() and row["type"].isascii()
     served = {k: row.get(k) for k in model.EVENT_KEYS if k != "metadata"}
     served["metadata"] = __import__("json").loads(row["metadata_json"])
-    assert model.validate_remote_event(served) == row
+    assert remoteops.validate_remote_event(served) == row
 
 
 @pytest.mark.parametrize(
@@ -112,16 +112,16 @@ def test_each_looseness_is_refused_with_one_sentence(field: str, value: Any, rul
     op[field] = value
     if field == "origin_replica":
         op["hlc"] = op["hlc"].replace(ORIGIN, value)
-    assert model._fast_remote_row(op) is None
+    assert remoteops._fast_remote_row(op) is None
     with pytest.raises(ValidationError) as caught:
-        model.validate_remote_event(op)
+        remoteops.validate_remote_event(op)
     message = str(caught.value)
     assert rule in message and "\n" not in message and len(message) < 300
 
 
 def test_metadata_at_the_depth_limit_is_accepted() -> None:
     op = RemoteKit.op(ORIGIN, 1, metadata=_nested(model.MAX_METADATA_DEPTH))
-    assert model.validate_remote_event(op)["metadata_json"].count("{") == 64
+    assert remoteops.validate_remote_event(op)["metadata_json"].count("{") == 64
 
 
 # ── canonical-bytes fork detection (finding 13) ──────────────────────────

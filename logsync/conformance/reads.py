@@ -1,6 +1,6 @@
 """The upstream read checks: the vector (§3, §6, §7.1, §13), the ops pages (§4, §5, §6,
 §7.2) and artifacts (§7.3). Every rule is the puller's own (`wire.parse_vector_answer`,
-`wire.parse_page`, `model.validate_remote_event`, `model.validate_remote_artifact`): the
+`wire.parse_page`, `remoteops.validate_remote_event`, `model.validate_remote_artifact`): the
 kit only asks the questions a puller does not, and names the section a failure breaks."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from logsync.conformance.context import (
     status_problem,
 )
 from logsync.errors import PeerProtocolError, ValidationError, shorten
-from logsync.model import validate_remote_artifact, validate_remote_event
+from logsync.model import validate_remote_artifact
+from logsync.remoteops import validate_remote_event
 from logsync.responder import EXTENSIONS, json_bytes
 from logsync.wire import (
     ADVERTISED_MAX_PAGE,

@@ -20,8 +20,12 @@ held too, a fork although it may also sit below the high-water mark, and so on d
                        stop the origin
   5. history_rewrite   origin_seq at or below the origin's high-water mark, never held:
                        conflict, skip
-  6. missing_artifact  names an artifact neither stored nor in this call: quarantine, stop
-  7. restored_replica  claims our origin (an op of ours we lost, as 3 let it by): conflict,
+  6. gap               an origin whose key we know (a logsync origin: gap-free), taken
+                       without a proof (through a peer without chains), above its top + 1:
+                       quarantine, stop (a relay cannot move the origin's entry past ops
+                       it does not hold, so its real ops would never be pulled)
+  7. missing_artifact  names an artifact neither stored nor in this call: quarantine, stop
+  8. restored_replica  claims our origin (an op of ours we lost, as 3 let it by): conflict,
                        and the op is inserted (recovered)
 
 A conflict never overwrites; a stop holds only that origin for the rest of the call.
@@ -33,17 +37,16 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
-from operator import itemgetter
 from typing import Any
 
 from logsync import hlc as hlc_mod
-from logsync import model
+from logsync import model, remoteops
 from logsync.chain import chain_start
 from logsync.errors import ValidationError
 from logsync.replica import is_replica_id
 from logsync.store import chaining, fastpage
 from logsync.store.chaining import extend_chains
+from logsync.store.keyring import keyed_origins, known_key
 from logsync.store.ledgers import (
     conflict_row,
     quarantine_row,
@@ -55,6 +58,7 @@ from logsync.store.rows import (
     artifact_dict,
     artifact_wire,
     chunks,
+    group_by_origin,
     row_wire,
     same_artifact,
     same_event,
@@ -121,6 +125,8 @@ def apply_page(
     state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
     applier = _Applier(conn, replica_id, state)
     applier.own_verified = own_verified
+    if known is None:  # no proof: a signed origin's ops are taken only without a gap
+        applier.gap_free = keyed_origins(conn, replica_id, events)
     applier.apply_artifacts(artifacts)
     for origin, ops in group_by_origin(events).items():
         applier.apply_origin(origin, ops)
@@ -169,12 +175,20 @@ def _fresh_page(conn: sqlite3.Connection, replica_id: str, events: Sequence[Any]
             or not is_replica_id(origin):
         return None
     top, tip = fastpage.origin_state(conn, origin)
+    if known_key(conn, origin) is not None and not _follows(events, top):
+        return None  # the op-by-op checks quarantine the op past a gap (check 6)
     prev = chain_start(origin) if tip is None else tip[1]
     prepared = fastpage.prepare_page(events, origin, top, prev,
                                      fastpage.page_shas(conn, events, artifacts), None, None)
     if prepared is None:
         return None
     return apply_prepared(conn, replica_id, prepared, artifacts, top, tip, now_ms)
+
+
+def _follows(events: Sequence[Any], top: int) -> bool:
+    """Whether the ops' origin_seqs are exactly top + 1, top + 2, ... (unvalidated ops)."""
+    return all(type(op) is dict and op.get("origin_seq") == top + n
+               for n, op in enumerate(events, 1))
 
 
 @dataclass(slots=True)
@@ -194,6 +208,7 @@ class _Applier:
     """The decisions of one apply call, over one connection inside one transaction."""
 
     own_verified = True  # ops of our origin here are proven ours (see `apply_page`)
+    gap_free: set[str] | frozenset[str] = frozenset()  # origins taken only at top + 1
 
     def __init__(self, conn: sqlite3.Connection, replica_id: str, state: _ApplyState) -> None:
         self.conn = conn
@@ -254,7 +269,7 @@ class _Applier:
         batch_keys: dict[int, dict[str, Any]] = {}
         for op in ops:
             try:
-                row = model.validate_remote_event(op)
+                row = remoteops.validate_remote_event(op)
             except ValidationError as exc:
                 self._stop(origin, _quarantine(state, "event", op, str(exc)))
                 break
@@ -340,6 +355,15 @@ class _Applier:
                      "changed")
         return SKIP
 
+    def _gap(self, s: _Subject) -> str | None:
+        if s.origin not in self.gap_free or s.seq <= s.top + 1:
+            return None
+        reason = (f"gap: origin {s.origin} signs its ops (its origin_seqs have no gaps), "
+                  f"and this op came without a proof at origin_seq {s.seq}, past "
+                  f"{s.top + 1}, which this replica lacks; it waits for the ops between")
+        self._stop(s.origin, _quarantine(self.state, "event", s.op, reason))
+        return STOP
+
     def _missing_artifact(self, s: _Subject) -> str | None:
         missing = [a for a in s.row["artifact_ids"] if not self._has_artifact(a)]
         if not missing:
@@ -410,6 +434,7 @@ APPLY_CHECKS: tuple[tuple[str, Check], ...] = (
     ("forged_origin", _Applier._forged_origin),
     ("id_collision", _Applier._id_collision),
     ("history_rewrite", _Applier._history_rewrite),
+    ("gap", _Applier._gap),
     ("missing_artifact", _Applier._missing_artifact),
     ("restored_replica", _Applier._restored_replica),
 )
@@ -449,31 +474,10 @@ def stored_row(conn: sqlite3.Connection, row: sqlite3.Row) -> dict[str, Any]:
 
 def _validation_error(op: Any) -> str:
     try:
-        model.validate_remote_event(op)
+        remoteops.validate_remote_event(op)
     except ValidationError as exc:
         return str(exc)
     return "origin_replica is not a replica id"
-
-
-def group_by_origin(events: Sequence[Any]) -> dict[str, list[Any]]:
-    """Ops per origin in origin_seq order; ops without a usable seq sort last."""
-    groups: dict[str, list[tuple[float, int, Any]]] = {}
-    for index, op in enumerate(events):
-        origin = op.get("origin_replica") if isinstance(op, Mapping) else None
-        # An entry with no usable origin belongs to no history: it stands alone.
-        key = origin if isinstance(origin, str) else f"<no origin: entry {index}>"
-        seq = raw_seq(op)
-        groups.setdefault(key, []).append((float("inf") if seq is None else seq, index, op))
-    return {k: [op for _, _, op in _by_seq(v)] for k, v in groups.items()}
-
-
-def _by_seq(entries: list[tuple[float, int, Any]]) -> list[tuple[float, int, Any]]:
-    """By (seq, arrival). A page comes in order: then it is returned as it is, without
-    a key tuple per op (the sort's allocations cost more than the sort itself)."""
-    for before, after in zip(entries, islice(entries, 1, None), strict=False):
-        if before[0] > after[0]:
-            return sorted(entries, key=itemgetter(0, 1))
-    return entries  # seqs never fall: arrival order is (seq, arrival) order
 
 
 def _existing_by_seq(

@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from logsync import model
+from logsync import model, remoteops
 from logsync.chain import chain_start
 from logsync.errors import StoreError, ValidationError
 from logsync.keys import sign_digest, verify_digest
@@ -101,7 +101,7 @@ def record_divergence(
         if held is None or op is theirs_at:
             continue
         try:
-            row = model.validate_remote_event(op)
+            row = remoteops.validate_remote_event(op)
         except ValidationError:
             row = None
         if row is None or not same_event(held, row):

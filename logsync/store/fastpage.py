@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from logsync import model
+from logsync import model, remoteops
 from logsync.chain import canonical_row, chain_start, compact_metadata, next_digest
 from logsync.errors import ValidationError
 from logsync.keys import verify_digest
@@ -80,7 +80,7 @@ def prepare_page(
     ids: set[str] = set()
     used: dict[str, str] = {}
     digest, seen = prev, after
-    validated = model.remote_values
+    validated = remoteops.remote_values
     for op in events:
         try:
             values, named = validated(op)

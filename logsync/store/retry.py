@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from logsync import model
+from logsync import model, remoteops
 from logsync.errors import ValidationError, shorten
 from logsync.ids import is_replica_id
 from logsync.pagechain import BAD_SIGNATURE, CHAIN_MISMATCH, MISSING_ARTIFACT
@@ -207,7 +207,7 @@ class _Judge:
         found held (an unproven op is never applied, nor turned into a conflict)."""
         try:
             if events:
-                model.validate_remote_event(item)
+                remoteops.validate_remote_event(item)
             else:
                 model.validate_remote_artifact(item)
         except ValidationError as exc:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import islice
 from operator import itemgetter
 from typing import Any
 
 from logsync import model
+from logsync.store.ledgers import raw_seq
 
 
 def stored_metadata(text: Any) -> dict[str, Any]:
@@ -151,3 +153,24 @@ def ledger_dict(row: sqlite3.Row, json_columns: tuple[str, ...]) -> dict[str, An
 def chunks(items: list[str], size: int) -> Iterator[list[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def group_by_origin(events: Sequence[Any]) -> dict[str, list[Any]]:
+    """Ops per origin in origin_seq order; ops without a usable seq sort last."""
+    groups: dict[str, list[tuple[float, int, Any]]] = {}
+    for index, op in enumerate(events):
+        origin = op.get("origin_replica") if isinstance(op, Mapping) else None
+        # An entry with no usable origin belongs to no history: it stands alone.
+        key = origin if isinstance(origin, str) else f"<no origin: entry {index}>"
+        seq = raw_seq(op)
+        groups.setdefault(key, []).append((float("inf") if seq is None else seq, index, op))
+    return {k: [op for _, _, op in _by_seq(v)] for k, v in groups.items()}
+
+
+def _by_seq(entries: list[tuple[float, int, Any]]) -> list[tuple[float, int, Any]]:
+    """By (seq, arrival). A page comes in order: then it is returned as it is, without
+    a key tuple per op (the sort's allocations cost more than the sort itself)."""
+    for before, after in zip(entries, islice(entries, 1, None), strict=False):
+        if before[0] > after[0]:
+            return sorted(entries, key=itemgetter(0, 1))
+    return entries  # seqs never fall: arrival order is (seq, arrival) order

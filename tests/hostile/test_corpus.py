@@ -11,7 +11,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from logsync import hostile, model
+from logsync import hostile, model, remoteops
 from logsync.errors import PeerProtocolError, ValidationError
 from logsync.hostile import GOOD_ORIGIN, MODES, Scene, Stream
 from logsync.wire import parse_page
@@ -27,7 +27,7 @@ def test_every_mode_serves_the_good_origin_honestly(mode: str) -> None:
     assert [e["origin_seq"] for e in events] == list(range(1, hostile.GOOD_COUNT + 1))
     for event in events:
         assert list(event)[: len(model.EVENT_KEYS)] == list(model.EVENT_KEYS)
-        model.validate_remote_event(event)
+        remoteops.validate_remote_event(event)
 
 
 @pytest.mark.parametrize("name", sorted(hostile.OP_MUTATIONS))
@@ -37,7 +37,7 @@ def test_every_op_mutation_is_refused_by_the_validator(name: str) -> None:
 
     def check() -> None:  # a worker thread, as apply runs in one
         try:
-            model.validate_remote_event(op)
+            remoteops.validate_remote_event(op)
         except BaseException as exc:  # noqa: BLE001 - recorded and judged below
             outcome.append(exc)
 
@@ -50,7 +50,8 @@ def test_every_op_mutation_is_refused_by_the_validator(name: str) -> None:
 @pytest.mark.parametrize("seq", [2**62 + 1, 2**63, 2**64 - 1])
 def test_overflowing_seqs_are_refused_by_the_validator(seq: int) -> None:
     with pytest.raises(ValidationError):
-        model.validate_remote_event(hostile.overflow_seq(hostile.make_event(GOOD_ORIGIN, 1), seq))
+        remoteops.validate_remote_event(
+            hostile.overflow_seq(hostile.make_event(GOOD_ORIGIN, 1), seq))
 
 
 @pytest.mark.parametrize("variant", ["seq_zero", "seq_negative", "seq_float", "seq_bool",
