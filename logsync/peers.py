@@ -162,7 +162,15 @@ def load_peers(palace: Path) -> list[Peer]:
     entries = data.get("peers") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise ConfigError(f"{path} must be an object with a 'peers' list")
-    return [_peer_from(entry, path, i) for i, entry in enumerate(entries)]
+    peers = [_peer_from(entry, path, i) for i, entry in enumerate(entries)]
+    first: dict[str, int] = {}
+    for index, peer in enumerate(peers):  # state, logs and `peers remove` go by the key
+        if first.setdefault(peer.key, index) != index:
+            raise ConfigError(
+                f"{path}: peers[{first[peer.key]}] and peers[{index}] are both "
+                f"{peer.key!r}: each peer needs a name of its own; edit the file to rename "
+                "or drop one")
+    return peers
 
 
 def _peer_from(entry: object, path: Path, index: int) -> Peer:

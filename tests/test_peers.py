@@ -42,6 +42,10 @@ def test_only_url_is_required_and_a_nameless_peer_is_known_by_its_url(tmp_path: 
     ('{"peers": [{"name": "x"}]}', "peers[0]: peer url=None is invalid"),
     ('{"peers": [{"url": "ftp://x"}]}', "must be an http:// or https:// URL"),
     ('{"peers": [{"url": "http://x", "token": 5}]}', "peers[0].token must be a string"),
+    ('{"peers": [{"name": "desk", "url": "http://h:5"}, {"name": "desk", "url": "http://h:6"}]}',
+     "peers[0] and peers[1] are both 'desk': each peer needs a name of its own"),
+    ('{"peers": [{"url": "http://h:5"}, {"url": "http://a@h:5"}]}',
+     "peers[0] and peers[1] are both 'http://h:5'"),
 ])
 def test_a_malformed_file_is_one_clear_error(tmp_path: Path, text: str, problem: str) -> None:
     (tmp_path / "peers.json").write_text(text)
