@@ -36,6 +36,7 @@ class Probe:
     we_lack: dict[str, int] = field(default_factory=dict)
     they_lack: dict[str, int] = field(default_factory=dict)
     diverged: list[str] = field(default_factory=list)  # origins whose chain tip differs
+    skipped: dict[str, str] = field(default_factory=dict)  # vector entries we cannot pull
 
     @property
     def reachable(self) -> bool:
@@ -48,7 +49,7 @@ class Probe:
                 "they_lack": sum(self.they_lack.values()) if self.reachable else None,
                 "we_lack_by_origin": dict(self.we_lack) if self.reachable else None,
                 "they_lack_by_origin": dict(self.they_lack) if self.reachable else None,
-                "diverged": list(self.diverged)}
+                "diverged": list(self.diverged), "skipped_origins": dict(self.skipped)}
 
 
 DigestAt = Callable[[str, int], "bytes | None"]
@@ -82,6 +83,7 @@ async def probe_one(peer: Peer, local: Mapping[str, int], *, deadline_s: float,
     found.extensions = remote.extensions.names()
     found.we_lack = lack(remote.vector, local)
     found.they_lack = lack(local, remote.vector)
+    found.skipped = dict(remote.skipped_origins)
     if digest_at is not None:
         found.diverged = _diverged(remote.tips, local, digest_at)
     return found

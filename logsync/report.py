@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from logsync.wire import SKIPPED_MORE, Extensions
+from logsync.wire import Extensions, skipped_sentence
 
 MAX_OPS_PER_ROUND = 250_000  # a round ends after this many ops; the next round goes on
 STOP_CAUGHT_UP = "caught up"
@@ -119,19 +119,8 @@ class RoundReport:
         }
 
     def skipped_line(self) -> str | None:
-        """One sentence on the peer's vector entries this replica cannot pull (an origin
-        that is not a replica id, a count out of range), naming the first: None when
-        there are none. One line however many: a hostile vector must not flood a log."""
-        named = {o: r for o, r in self.skipped_origins.items() if o != SKIPPED_MORE}
-        if not named:
-            return None
-        origin, reason = min(named.items())
-        over = SKIPPED_MORE in self.skipped_origins  # more than were named
-        count = f"more than {len(named)}" if over else str(len(named))
-        rest = " and the rest" if over else f" and {len(named) - 1} more" if len(named) > 1 \
-            else ""
-        return (f"its vector lists {count} origin{'s' if count != '1' else ''} this "
-                f"replica cannot pull, skipped: {origin!r} ({reason}){rest}")
+        """`wire.skipped_sentence` of the peer's vector: None when it lists none."""
+        return skipped_sentence(self.skipped_origins)
 
     def as_upstream_stats(self, url: str) -> dict[str, Any]:
         """The per-peer stats dict upstream's `sync_with_peer` returns."""

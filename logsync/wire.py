@@ -228,6 +228,22 @@ class PeerVector:
     tip_sigs: dict[str, bytes] = field(default_factory=dict)
 
 
+def skipped_sentence(skipped: Mapping[str, str]) -> str | None:
+    """One sentence on a peer's vector entries this replica cannot pull (an origin that is
+    not a replica id, a count out of range), naming the first: None when there are none.
+    One line however many: a hostile vector must not flood a log."""
+    named = {o: r for o, r in skipped.items() if o != SKIPPED_MORE}
+    if not named:
+        return None
+    origin, reason = min(named.items())
+    over = SKIPPED_MORE in skipped  # more than were named
+    count = f"more than {len(named)}" if over else str(len(named))
+    rest = " and the rest" if over else f" and {len(named) - 1} more" if len(named) > 1 \
+        else ""
+    return (f"its vector lists {count} origin{'s' if count != '1' else ''} this "
+            f"replica cannot pull, skipped: {origin!r} ({reason}){rest}")
+
+
 def parse_vector_answer(answer: object, peer: str) -> PeerVector:
     """Validate the peer's vector answer or raise PeerProtocolError naming the problem."""
     where = f"peer {peer}: /sync/version_vector"

@@ -387,3 +387,22 @@ def test_the_daemon_warns_of_skipped_vector_entries_once(
     assert rounds >= 3, asked
     assert err.count("cannot pull") == 1, err
     assert "peer junk: its vector lists 4 origins" in err, err
+
+
+def test_status_is_not_in_sync_with_a_peer_listing_origins_it_cannot_pull(
+        tmp_path: Path, palace: Path, junk_vector_peer: tuple[str, list[str]]) -> None:
+    """The peer holds ops this replica cannot pull: `status` says so and exits 3, never
+    'in sync both ways' with 0."""
+    url, _ = junk_vector_peer
+    assert logsync(tmp_path, "--palace", str(palace), "sync", "--peer", url,
+                   "--pull-only").returncode == 0  # what can be pulled is pulled
+    assert logsync(tmp_path, "--palace", str(palace), "peers", "add", "junk",
+                   url).returncode == 0
+    done = logsync(tmp_path, "--palace", str(palace), "status")
+    out = done.stdout.decode()
+    assert done.returncode == 3, (out, done.stderr)
+    assert "NOT IN SYNC: its vector lists 4 origins this replica cannot pull" in out, out
+    assert "in sync both ways" not in out, out
+    done = logsync(tmp_path, "--palace", str(palace), "status", "--json")
+    (peer,) = json.loads(done.stdout)["peers"]
+    assert done.returncode == 3 and len(peer["skipped_origins"]) == 4, peer

@@ -24,6 +24,7 @@ from logsync.cli.group import cli
 from logsync.peercheck import KIND_WORDS, PROBE_TIMEOUT_S, probe_all
 from logsync.peerstate import PeerBook
 from logsync.store.signing_state import phrase, read_signing_states
+from logsync.wire import skipped_sentence
 
 EXIT_IN_SYNC, EXIT_FAILED, EXIT_BEHIND = 0, 1, 3
 
@@ -35,7 +36,8 @@ Examples:
   logsync status --cached        # only what the daemon saw at its last round
 
 Exit status: 0 every peer reachable and in sync both ways; 3 reachable but something is
-behind either way, or a chain differs (or, with --cached, not known); 1 a peer failed
+behind either way, a chain differs, or its vector lists origins this replica cannot pull
+(or, with --cached, not known); 1 a peer failed
 (unreachable, auth failed, protocol error).""")
 @click.option("--cached", is_flag=True,
               help="Do not ask the peers; show what the daemon (or the last sync) saved.")
@@ -96,7 +98,7 @@ def _exit_code(entries: list[dict[str, Any]]) -> int:
     if any(e["state"] != "reachable" for e in entries):
         return EXIT_FAILED
     if any(e.get("we_lack") != 0 or e.get("they_lack") != 0 or e.get("diverged")
-           for e in entries):
+           or e.get("skipped_origins") for e in entries):
         return EXIT_BEHIND  # None (not known, with --cached) counts as behind
     return EXIT_IN_SYNC
 
@@ -139,9 +141,12 @@ def _print_peer(entry: dict[str, Any], checked: str) -> None:
     for origin in entry.get("diverged") or []:
         click.echo(f"    DIVERGED: its ops of {origin} differ from ours (the next sync records "
                    "where: see `logsync conflicts`)")
+    skipped = skipped_sentence(entry.get("skipped_origins") or {})
+    if skipped:
+        click.echo(f"    NOT IN SYNC: {skipped}")
     if we is None and they is None:
         click.echo("    in sync: not known (no vector from it)")
-    elif we == 0 and they == 0 and not entry.get("diverged"):
+    elif we == 0 and they == 0 and not entry.get("diverged") and not skipped:
         click.echo("    in sync both ways")
     else:
         click.echo(f"    we lack {_count(we)} of its ops; it lacks {_count(they)} of ours")
