@@ -454,21 +454,6 @@ def _named(peer: str, message: str) -> str:
     return message if message.startswith(prefix) else prefix + message
 
 
-def join_before_serving(config: DaemonConfig) -> None:
-    """An empty store joins from the first configured peer that serves a snapshot, before
-    the store is opened for serving and pulling (so the rename never races our own
-    connections); any failure is one log line, and the ordinary pulls take over."""
-    from logsync.snapshot.joining import join_if_empty
-
-    try:
-        peers = peers_mod.load_peers(config.palace)
-    except ConfigError:
-        return  # the peer loops report it
-    joined = join_if_empty(config.palace, peers, ca_file=config.ca_file, say=log.warning)
-    if joined is not None:
-        log.info("%s", joined.line())
-
-
 def serve(config: DaemonConfig, announce: Callable[[str], None] | None = None) -> None:
     """Run a daemon until a signal stops it (blocking).
 
@@ -485,7 +470,10 @@ def serve(config: DaemonConfig, announce: Callable[[str], None] | None = None) -
         # only after it, so peers (a fleet of empty daemons started together, each joining)
         # are refused at once while we join, never left waiting on an unserved socket.
         listen_socket(config.host, config.port).close()
-        join_before_serving(config)
+        from logsync.snapshot.joining import join_before_serving
+
+        if not join_before_serving(config.palace, config.ca_file):
+            return  # stopped (SIGTERM) while joining
     sock = listen_socket(config.host, config.port)
     try:
         daemon = Daemon(config)

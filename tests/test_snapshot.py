@@ -475,6 +475,38 @@ def test_kill_during_install_leaves_an_empty_or_a_whole_store(
 # ── the 20 000-event join, real daemons ──────────────────────────────────
 
 
+
+def test_sigterm_while_a_daemon_joins_ends_it_cleanly(source: Store, fake: FakePeer,
+                                                      tmp_path: Path) -> None:
+    """A daemon still joining (here from a peer that sent half the file and hangs) and
+    told to stop exits 0 as after serving, logs why, and leaves no download behind."""
+    whole = snapshot_bytes(source)
+    fake.stall = whole[: len(whole) // 2]
+    joiner = tmp_path / "joiner"
+    joiner.mkdir()
+    (joiner / "peers.json").write_text(json.dumps({"peers": [{"name": "src",
+                                                               "url": fake.server.url}]}))
+    log = tmp_path / "joiner.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*PY, "--palace", str(joiner), "serve", "--port",
+                                 str(free_port())], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: any(p.name.startswith(JOIN_PREFIX) and p.stat().st_size > 0
+                             for p in joiner.iterdir()), "the download never started")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    text = log.read_text()
+    assert "joining from src's snapshot" in text and "stopped (SIGTERM) while joining" in text
+    assert "Traceback" not in text, text
+    assert not [p for p in joiner.iterdir() if p.name.startswith(JOIN_PREFIX)]
+    with Store.open(joiner) as store:
+        assert store.latest_event_id() is None
+
+
 class Serve:
     """`logsync serve` as a process, its log in a file."""
 

@@ -62,9 +62,28 @@ def test_more_or_fewer_bytes_than_announced_are_refused(tmp_path: Path) -> None:
 
 def test_a_download_past_its_deadline_stops(tmp_path: Path) -> None:
     receiver = Receiver(tmp_path / "d", 10**9, "GET", "p", 0.0)
-    with pytest.raises(PeerDeadlineError, match="did not finish in time"), receiver:
+    with pytest.raises(PeerDeadlineError, match="fell behind: 0 bytes of the file in 0 s"), \
+            receiver:
         time.sleep(0.01)
         receiver.feed(_wire(b"q" * 10))
+
+
+def test_a_large_announced_size_buys_a_dripping_peer_no_time(tmp_path: Path) -> None:
+    """The pace is counted on the bytes written, not on the size announced: a peer that
+    announces 512 MiB and sends a byte at a time is cut once its first seconds are up
+    (0.3 s here; 60 s in use), not after the 512 s its announcement would have bought."""
+    head = _wire(b"")
+    preamble = json.loads(head)
+    preamble["size"] = 512 * 1024 * 1024
+    receiver = Receiver(tmp_path / "d", 10**10, "GET", "p", 0.3)
+    began = time.monotonic()
+    with pytest.raises(PeerDeadlineError, match=r"fell behind: \d+ bytes of the file in"), \
+            receiver:
+        receiver.feed(json.dumps(preamble).encode() + b"\n")
+        for _ in range(100):  # bounded: the pace cuts it after a few drops
+            time.sleep(0.05)
+            receiver.feed(b"x")
+    assert time.monotonic() - began < 2
 
 
 def test_a_wrong_digest_is_refused_after_the_whole_file(tmp_path: Path) -> None:

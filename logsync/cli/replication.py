@@ -120,7 +120,8 @@ stopped by an op held in quarantine (the quarantine command lists it).""")
               help="CA bundle for verifying an https peer.")
 @click.option("--timeout", type=FiniteRange(0.1, 3600), default=30.0, show_default=True,
               help="How long one connect or read may wait, in seconds (a whole request "
-              "has its own deadline: 60 s; a snapshot download, 60 s and 1 s per MiB).")
+              "has its own deadline: 60 s; a snapshot download must move 1 MiB a second after "
+              "its first 60 s).")
 @click.option("--pull-only", is_flag=True, help="Only pull what the peer holds and we lack.")
 @click.option("--push-only", is_flag=True, help="Only push what we hold and the peer lacks.")
 @click.option("--no-snapshot", is_flag=True, help="An empty store pulls op by op instead of "

@@ -2,8 +2,8 @@
 
 Bounds: one copy is made at a time (an `anyio.Lock`, so waiting requests hold no worker
 thread) and shared by every request while the vector is unchanged; at most
-`MAX_STREAMS` downloads run at once (503 beyond); a download must finish within
-`SEND_BASE_S` plus one second per `MIN_RATE` bytes, or the connection is cut (the server's
+`MAX_STREAMS` downloads run at once (503 beyond); a download must keep the pace of
+`snapshot.transfer_behind` on what it was sent, or the connection is cut (the server's
 write-stall limit, `limits.WRITE_STALL_S`, already cuts a client that reads nothing).
 
 A joiner that sends `Accept-Encoding: zstd` gets the body as two zstd frames: its
@@ -27,15 +27,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from logsync.server.common import _error, _Server
-from logsync.snapshot import SHA256_HEADER, SIZE_HEADER, SNAPSHOT_TYPE
+from logsync.snapshot import SHA256_HEADER, SIZE_HEADER, SNAPSHOT_TYPE, transfer_behind
 from logsync.snapshot.making import SnapshotCache, SnapshotFile
 
 logger = logging.getLogger("logsync.server")
 
 MAX_STREAMS = 4
 WARM_MAX_BYTES = 256 * 1024 * 1024  # a store up to this size is copied as the server starts
-SEND_BASE_S = 60.0
-MIN_RATE = 1024 * 1024  # bytes per second a download must average past SEND_BASE_S
 CHUNK = 256 * 1024
 
 
@@ -67,12 +65,11 @@ async def sync_snapshot(request: Request) -> Response:
                "Content-Length": str(len(first) + size)}
     if zstd:
         headers["Content-Encoding"] = "zstd"
-    deadline = time.monotonic() + SEND_BASE_S + made.size / MIN_RATE
     logger.info("serving a snapshot of %d bytes (%d origins%s)", made.size, len(made.vector),
                 f", {size} as zstd" if zstd else "")
     state.streams += 1  # released by the answer however it ends, so taken just before it
     return _SnapshotResponse(
-        lambda: _release(state, handle), _body(handle, first, deadline),
+        lambda: _release(state, handle), _body(handle, first, time.monotonic()),
         media_type=SNAPSHOT_TYPE, headers=headers,
     )
 
@@ -165,15 +162,17 @@ def _release(state: _State, handle: BinaryIO) -> None:
         state.streams -= 1
 
 
-async def _body(handle: BinaryIO, first: bytes, deadline: float) -> AsyncIterator[bytes]:
+async def _body(handle: BinaryIO, first: bytes, started: float) -> AsyncIterator[bytes]:
     """The preamble (or its frame), then the file (or its frame) a chunk at a time, each
-    read on a worker thread."""
+    read on a worker thread; cut off when the joiner falls behind `transfer_behind`."""
     yield first
+    sent = 0
     while True:
-        if time.monotonic() > deadline:
-            logger.warning("a snapshot download ran past its deadline: cut off")
-            raise SnapshotStreamTimeout("the snapshot download ran past its deadline")
+        if transfer_behind(started, sent, time.monotonic()):
+            logger.warning("a snapshot download fell behind (%d bytes sent): cut off", sent)
+            raise SnapshotStreamTimeout("the snapshot download fell behind")
         chunk = await anyio.to_thread.run_sync(handle.read, CHUNK)
         if not chunk:
             return
         yield chunk
+        sent += len(chunk)

@@ -23,6 +23,21 @@ ZSTD_MAX_WINDOW = 8 * 1024 * 1024
 # Files in the palace directory: the server's cached copy and the joiner's download.
 SERVE_PREFIX = ".logsync-snapshot-serve-"
 JOIN_PREFIX = ".logsync-snapshot-join-"
+# How fast a snapshot must move, on either side (the server sending, the joiner writing):
+# within TRANSFER_BASE_S seconds of its start plus one second per TRANSFER_MIN_RATE bytes
+# moved so far. Counted on what has moved, never on the size announced: a peer announcing
+# 50 GiB and sending a byte every 10 s is cut after a minute, not after 14 hours.
+TRANSFER_BASE_S = 60.0
+TRANSFER_MIN_RATE = 1024 * 1024
+
+
+def transfer_behind(started: float, moved: int, now: float,
+                    base_s: float = TRANSFER_BASE_S) -> bool:
+    """Whether a transfer that began at `started` (monotonic) and has moved `moved` bytes
+    is behind the pace above at `now`."""
+    return now > started + base_s + moved / TRANSFER_MIN_RATE
+
+
 # Tables whose rows are the source's own and never travel (RFC 004 §7.6).
 LOCAL_ONLY_TABLES = ("logsync_conflicts", "logsync_quarantine", "logsync_health")
 

@@ -47,13 +47,14 @@ from logsync.snapshot import (
     MAX_PREAMBLE_BYTES,
     SNAPSHOT_FORMAT,
     SNAPSHOT_PATH,
+    TRANSFER_BASE_S,
+    TRANSFER_MIN_RATE,
     ZSTD_MAX_WINDOW,
+    transfer_behind,
 )
 
-MIN_RATE = 1024 * 1024  # bytes per second a download must average past its base deadline
-MAX_QUEUED = 8 * 1024 * 1024  # bytes received but not yet hashed and written
-BASE_DEADLINE_S = 60.0  # a download must end within this plus a second per MIN_RATE bytes
 ERROR_BODY_BYTES = 64 * 1024  # of a non-200 answer, read for its message
+MAX_QUEUED = 8 * 1024 * 1024  # bytes received but not yet hashed and written
 INFLATE_CHUNK = 1024 * 1024  # decoded bytes handed on at a time
 # What a stream may take on the wire beyond the bytes it decodes to: a 1/128 share
 # (zstd's own bound is 1/256, and 3 bytes per 128 KiB block) and a fixed MiB.
@@ -99,9 +100,9 @@ def look(http: httpx.Client, look_s: float) -> Any:
 
 
 def download_snapshot(http: httpx.Client, dest: Path, max_bytes: int, *, name: str,
-                      base_deadline_s: float = BASE_DEADLINE_S) -> dict[str, Any]:
-    """`GET /sync/snapshot` into `dest` (blocking); the checked preamble. The whole
-    download must end within `base_deadline_s` plus a second per MiB announced."""
+                      base_deadline_s: float = TRANSFER_BASE_S) -> dict[str, Any]:
+    """`GET /sync/snapshot` into `dest` (blocking); the checked preamble. The download
+    must keep the pace of `transfer_behind` (with `base_deadline_s`) on what it wrote."""
     where = f"peer {name}: GET {SNAPSHOT_PATH}"
     receiver = Receiver(dest, max_bytes, where, name, base_deadline_s)
     try:
@@ -172,7 +173,7 @@ class Receiver:
     def __init__(self, dest: Path, max_bytes: int, where: str, peer: str,
                  base_deadline_s: float) -> None:
         self.dest, self.max_bytes, self.where, self.peer = dest, max_bytes, where, peer
-        self.deadline = time.monotonic() + base_deadline_s
+        self.started, self.base_s = time.monotonic(), base_deadline_s
         self.preamble: dict[str, Any] | None = None
         self.written = 0
         self.received = 0  # bytes off the wire, before any decoding
@@ -224,8 +225,13 @@ class Receiver:
         return whole + whole // ENCODED_SLACK_DIVISOR + ENCODED_SLACK_BYTES
 
     def check_deadline(self) -> None:
-        if time.monotonic() > self.deadline:
-            raise PeerDeadlineError(f"{self.where} did not finish in time", peer=self.peer)
+        now = time.monotonic()
+        if transfer_behind(self.started, self.written, now, self.base_s):
+            raise PeerDeadlineError(
+                f"{self.where} fell behind: {self.written} bytes of the file in "
+                f"{now - self.started:.0f} s, where a snapshot must move "
+                f"{TRANSFER_MIN_RATE // 1024 // 1024} MiB a second after its first "
+                f"{self.base_s:.0f} s", peer=self.peer)
 
     def feed(self, chunk: bytes) -> None:
         self.check_deadline()
@@ -239,7 +245,6 @@ class Receiver:
                 return
             self.preamble = parse_preamble(line, self.max_bytes, self.where, self.peer)
             check_room(self.dest.parent, self.preamble["size"])
-            self.deadline += self.preamble["size"] / MIN_RATE
             chunk = rest
         self.written += len(chunk)
         if self.written > self.preamble["size"]:

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sqlite3
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from logsync.errors import LogsyncError
+from logsync.errors import ConfigError, LogsyncError
 from logsync.model import utc_now_iso
-from logsync.peers import check_url, redact_url
+from logsync.peers import check_url, load_peers, redact_url
 from logsync.snapshot import JOIN_PREFIX, SnapshotRefused
 from logsync.snapshot.chaincheck import ChainProof
 from logsync.snapshot.checking import (
@@ -144,6 +146,8 @@ def _join_one(palace: Path, peer: Any, label: str, own_id: str, own_key: bytes |
         if not isinstance(vector, dict) or not any(isinstance(n, int) and n > 0
                                                    for n in vector.values()):
             return None  # nothing to join: an empty peer (a fleet started together)
+        log.info("joining from %s's snapshot (an empty store); --no-snapshot pulls op by op",
+                 label)
         fd, name = tempfile.mkstemp(prefix=JOIN_PREFIX, suffix=".sqlite3", dir=palace)
         os.close(fd)
         candidate = Path(name)
@@ -220,3 +224,37 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class _StoppedWhileJoining(BaseException):
+    """SIGTERM arrived during the join (raised by its handler, so the download ends and
+    its file goes as the stack unwinds)."""
+
+
+def join_before_serving(palace: Path, ca_file: str | None) -> bool:
+    """A daemon's empty store joins from the first peer in peers.json that serves a
+    snapshot, before the store is opened for serving and pulling (so the rename never
+    races our own connections); any failure is one log line, and the ordinary pulls take
+    over. False: SIGTERM stopped it (nothing installed); the daemon ends as if stopped
+    while serving."""
+    try:
+        peers = load_peers(palace)
+    except ConfigError:
+        return True  # the peer loops report it
+
+    def stop(signum: int, frame: object) -> None:
+        raise _StoppedWhileJoining
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if main else None
+    try:
+        joined = join_if_empty(palace, peers, ca_file=ca_file, say=log.warning)
+    except _StoppedWhileJoining:
+        log.info("stopped (SIGTERM) while joining: nothing installed")
+        return False
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+    if joined is not None:
+        log.info("%s", joined.line())
+    return True
