@@ -496,3 +496,22 @@ def test_a_command_finds_its_subcommands_whatever_was_loaded_before() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[0, 0, 0]", done.stdout + done.stderr
+
+
+def test_a_stopped_origin_points_to_where_its_op_is_held(capsys: pytest.CaptureFixture) -> None:
+    """A fork or an id collision is a conflict (`logsync conflicts`); any other stop holds
+    its op in quarantine (`logsync quarantine`)."""
+    from logsync.cli import replication
+
+    stats = {"peer_name": "hub", "peer_replica": "rep_" + "a" * 32, "pulled_events": 0,
+             "pulled_artifacts": 0, "conflicts": 1, "quarantined": 1, "per_origin_detail": {},
+             "failed_origins": {}, "stopped_origins": {
+                 "rep_" + "b" * 32: "store stopped this origin: id collision",
+                 "rep_" + "c" * 32: "store stopped this origin: fork",
+                 "rep_" + "d" * 32: "store stopped this origin: names artifact 'x', which "
+                                    "is not present"}}
+    replication._print_result({"stats": stats, "report": None})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith("id collision (recorded as a conflict: logsync conflicts)")
+    assert lines[1].endswith("fork (recorded as a conflict: logsync conflicts)")
+    assert lines[2].endswith("(held in quarantine: logsync quarantine)")

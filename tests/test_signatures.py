@@ -350,30 +350,42 @@ def test_a_peer_whose_chain_at_zero_is_not_d0_fails_its_origin_records_nothing(t
     assert [x for x in c.list_conflicts() if x["kind"] == "divergence"] == []
 
 
-def test_a_relay_without_chains_cannot_move_a_signed_origin_past_ops_it_lacks(tmp_path):
-    """A hub relays unproven ops: of an origin whose key we know (gap-free), one past our
-    top + 1 is quarantined and stops the origin, so a relay inventing a far op cannot
-    lift the origin's entry over real ops this replica would then never pull."""
+def test_a_signed_origin_with_gaps_of_its_own_passes_through_a_hub(tmp_path):
+    """A signed origin may have gaps: it skips a slot of its own that it refused (§6.2),
+    and MemPalace writing the same palace numbers its ops by rowid. Through a peer without
+    chains, an op past the puller's top + 1 is taken all the same (a rule refusing it
+    would hold a hub-only puller there for good)."""
+    a, c = Store.open(tmp_path / "a"), Store.open(tmp_path / "c")
+    append(a, 5)
+    ops = a.list_ops(a.replica_id, 0, 10)
+    forged = dict(ops[4], id="evt_" + "e" * 32, origin_seq=8, body="a slot a refuses")
+    a.apply_remote([forged])                       # a records forged_origin, skips 6..8
+    append(a, 2, "after")
+    ops = a.list_ops(a.replica_id, 0, 20)
+    assert [o["origin_seq"] for o in ops] == [1, 2, 3, 4, 5, 9, 10]
+    c.pin_keys({a.replica_id: a.public_key}, "test")
+    assert c.apply_remote(ops[:5]).applied == 5
+    result = c.apply_remote(ops[5:])               # a's palace served by a MemPalace hub
+    assert result.applied == 2 and not result.stopped and not quarantined(c)
+    pull(c, Relay(a))                              # a logsync peer then proves them
+    assert comparable(c) == comparable(a)
+
+
+@pytest.mark.xfail(strict=True, reason="open: through a hub, an unproven op far ahead lifts a "
+                   "signed origin's entry over ops the puller lacks (see the session notes)")
+def test_a_relay_without_chains_cannot_lift_a_signed_origin_over_ops_it_lacks(tmp_path):
+    """A relay that cannot carry proofs invents one op of a signed origin at 2**62: the
+    puller's entry must not jump over the real ops it lacks (it would never ask for them)."""
     a, c = Store.open(tmp_path / "a"), Store.open(tmp_path / "c")
     append(a, 5)
     ops = a.list_ops(a.replica_id, 0, 10)
     far = dict(ops[1], id="evt_" + "f" * 32, origin_seq=2**62, body="forged far")
     c.pin_keys({a.replica_id: a.public_key}, "test")
-    c.apply_remote(ops[:2])                              # through a hub: unproven, in order
-    assert c.version_vector()[a.replica_id] == 2
-    result = c.apply_remote([ops[2], far])               # op by op: 3 taken, the far one not
-    assert result.applied == 1 and a.replica_id in result.stopped
-    assert c.apply_remote([ops[4]]).applied == 0         # the fresh-page path: 5 after 3
-    assert c.version_vector()[a.replica_id] == 3
-    held = {q["origin_seq"]: q["reason"] for q in quarantined(c)}
-    assert set(held) == {2**62, 5} and all(r.startswith("gap: ") for r in held.values())
-    assert "past 4" in held[5]
-    append(a, 1)                                         # the real ops still come, proven
+    c.apply_remote([*ops[:3], far])
+    append(a, 1)
     pull(c, Relay(a))
-    assert c.version_vector()[a.replica_id] == 6
-    assert comparable(c) == comparable(a)
-    c.retry_quarantine()                                 # 5 is held now; 2**62 still waits
-    assert [q["origin_seq"] for q in quarantined(c)] == [2**62]
+    held = comparable(c)
+    assert all(op["id"] in held for op in a.list_ops(a.replica_id, 0, 10))
 
 
 def test_an_origin_without_a_known_key_is_taken_with_gaps(tmp_path):

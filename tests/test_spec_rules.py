@@ -138,7 +138,7 @@ def test_an_id_collision_is_named_before_a_history_rewrite(
 
 def test_a_history_rewrite_is_named_before_a_missing_artifact(
         store: Store, remote: RemoteKit) -> None:
-    """RFC 004 §10.2 8g before 8i: an op below the high-water mark naming an artifact
+    """RFC 004 §10.2 8g before 8h: an op below the high-water mark naming an artifact
     nobody sent is a history rewrite, not held in quarantine."""
     origin = remote.origin(1)
     store.apply_remote([remote.op(origin, 1), remote.op(origin, 3)])
@@ -150,7 +150,7 @@ def test_a_history_rewrite_is_named_before_a_missing_artifact(
 
 def test_an_id_collision_is_named_before_a_missing_artifact(
         store: Store, remote: RemoteKit) -> None:
-    """RFC 004 §10.2 8f before 8i."""
+    """RFC 004 §10.2 8f before 8h."""
     one, two = remote.origin(1), remote.origin(2)
     store.apply_remote([remote.op(one, 1)])
     clash = remote.op(two, 1, id=remote.op(one, 1)["id"], artifact_ids=["art_nowhere"])
@@ -161,7 +161,7 @@ def test_an_id_collision_is_named_before_a_missing_artifact(
 
 def test_a_duplicate_is_skipped_before_its_missing_artifact_is_asked_for(
         store: Store, remote: RemoteKit) -> None:
-    """RFC 004 §10.2 8c before 8i: an op held with the same content is a duplicate even
+    """RFC 004 §10.2 8c before 8h: an op held with the same content is a duplicate even
     when the page does not bring the artifact it names (it was stored with the op)."""
     origin = remote.origin(1)
     art = remote.artifact("diff\n", art_id="art_once")

@@ -33,6 +33,7 @@ from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError
 from logsync.peerstate import PeerBook
 from logsync.store import Store
+from logsync.store.apply import CONFLICT_STOPS
 
 
 @cli.command("serve", epilog="""\b
@@ -112,7 +113,7 @@ Examples:
   logsync sync --peer http://hub:8742 --pull-only  # a MemPalace hub: pull only
 
 Exit status: 0 every peer done both ways, 1 a peer or an origin failed, or an origin was
-stopped by an op held in quarantine (the quarantine command lists it).""")
+stopped (by an op held in quarantine, or a fork or id collision recorded as a conflict).""")
 @click.option("--peer", "peer_url", help="Sync with this URL instead of every configured peer.")
 @click.option("--token", envvar="LOGSYNC_PEER_TOKEN", help="Bearer token for --peer "
               "(env LOGSYNC_PEER_TOKEN).")
@@ -284,8 +285,9 @@ def _print_result(result: dict[str, Any]) -> None:
         for origin, reason in sorted(stats["failed_origins"].items()):
             click.echo(f"  {name}: origin {origin} FAILED: {reason}", err=True)
         for origin, reason in sorted(stats.get("stopped_origins", {}).items()):
-            click.echo(f"  {name}: origin {origin} STOPPED: {reason} (held in quarantine: "
-                       "logsync quarantine)", err=True)
+            held = "recorded as a conflict: logsync conflicts" if reason.endswith(
+                CONFLICT_STOPS) else "held in quarantine: logsync quarantine"
+            click.echo(f"  {name}: origin {origin} STOPPED: {reason} ({held})", err=True)
         if result["report"] is not None and result["report"].skipped_line():
             click.echo(f"  {name}: {result['report'].skipped_line()}", err=True)
     _print_push(name, stats.get("push"))

@@ -20,12 +20,8 @@ held too, a fork although it may also sit below the high-water mark, and so on d
                        stop the origin
   5. history_rewrite   origin_seq at or below the origin's high-water mark, never held:
                        conflict, skip
-  6. gap               an origin whose key we know (a logsync origin: gap-free), taken
-                       without a proof (through a peer without chains), above its top + 1:
-                       quarantine, stop (a relay cannot move the origin's entry past ops
-                       it does not hold, so its real ops would never be pulled)
-  7. missing_artifact  names an artifact neither stored nor in this call: quarantine, stop
-  8. restored_replica  claims our origin (an op of ours we lost, as 3 let it by): conflict,
+  6. missing_artifact  names an artifact neither stored nor in this call: quarantine, stop
+  7. restored_replica  claims our origin (an op of ours we lost, as 3 let it by): conflict,
                        and the op is inserted (recovered)
 
 A conflict never overwrites; a stop holds only that origin for the rest of the call.
@@ -46,7 +42,6 @@ from logsync.errors import ValidationError
 from logsync.replica import is_replica_id
 from logsync.store import chaining, fastpage
 from logsync.store.chaining import extend_chains
-from logsync.store.keyring import keyed_origins, known_key
 from logsync.store.ledgers import (
     conflict_row,
     quarantine_row,
@@ -125,8 +120,6 @@ def apply_page(
     state = _ApplyState(now=model.utc_now_iso(now_ms), now_ms=now_ms)
     applier = _Applier(conn, replica_id, state)
     applier.own_verified = own_verified
-    if known is None:  # no proof: a signed origin's ops are taken only without a gap
-        applier.gap_free = keyed_origins(conn, replica_id, events)
     applier.apply_artifacts(artifacts)
     for origin, ops in group_by_origin(events).items():
         applier.apply_origin(origin, ops)
@@ -175,20 +168,12 @@ def _fresh_page(conn: sqlite3.Connection, replica_id: str, events: Sequence[Any]
             or not is_replica_id(origin):
         return None
     top, tip = fastpage.origin_state(conn, origin)
-    if known_key(conn, origin) is not None and not _follows(events, top):
-        return None  # the op-by-op checks quarantine the op past a gap (check 6)
     prev = chain_start(origin) if tip is None else tip[1]
     prepared = fastpage.prepare_page(events, origin, top, prev,
                                      fastpage.page_shas(conn, events, artifacts), None, None)
     if prepared is None:
         return None
     return apply_prepared(conn, replica_id, prepared, artifacts, top, tip, now_ms)
-
-
-def _follows(events: Sequence[Any], top: int) -> bool:
-    """Whether the ops' origin_seqs are exactly top + 1, top + 2, ... (unvalidated ops)."""
-    return all(type(op) is dict and op.get("origin_seq") == top + n
-               for n, op in enumerate(events, 1))
 
 
 @dataclass(slots=True)
@@ -208,7 +193,6 @@ class _Applier:
     """The decisions of one apply call, over one connection inside one transaction."""
 
     own_verified = True  # ops of our origin here are proven ours (see `apply_page`)
-    gap_free: set[str] | frozenset[str] = frozenset()  # origins taken only at top + 1
 
     def __init__(self, conn: sqlite3.Connection, replica_id: str, state: _ApplyState) -> None:
         self.conn = conn
@@ -320,7 +304,7 @@ class _Applier:
                      "content", row_wire(s.held))
         if s.origin == self.replica_id:
             return SKIP
-        self._stop(s.origin, "fork")
+        self._stop(s.origin, STOP_FORK)
         return STOP
 
     def _forged_origin(self, s: _Subject) -> str | None:
@@ -344,7 +328,7 @@ class _Applier:
         have = s.by_id.get(s.row["id"])
         self._record(s, "id_collision", "an event with this id already exists under another "
                      "(origin, origin_seq)", self._stored_row(have) if have is not None else None)
-        self._stop(s.origin, "id collision")
+        self._stop(s.origin, STOP_ID_COLLISION)
         return STOP
 
     def _history_rewrite(self, s: _Subject) -> str | None:
@@ -354,15 +338,6 @@ class _Applier:
                      f"high-water mark {s.top} but was never held here: the origin's history "
                      "changed")
         return SKIP
-
-    def _gap(self, s: _Subject) -> str | None:
-        if s.origin not in self.gap_free or s.seq <= s.top + 1:
-            return None
-        reason = (f"gap: origin {s.origin} signs its ops (its origin_seqs have no gaps), "
-                  f"and this op came without a proof at origin_seq {s.seq}, past "
-                  f"{s.top + 1}, which this replica lacks; it waits for the ops between")
-        self._stop(s.origin, _quarantine(self.state, "event", s.op, reason))
-        return STOP
 
     def _missing_artifact(self, s: _Subject) -> str | None:
         missing = [a for a in s.row["artifact_ids"] if not self._has_artifact(a)]
@@ -434,10 +409,15 @@ APPLY_CHECKS: tuple[tuple[str, Check], ...] = (
     ("forged_origin", _Applier._forged_origin),
     ("id_collision", _Applier._id_collision),
     ("history_rewrite", _Applier._history_rewrite),
-    ("gap", _Applier._gap),
     ("missing_artifact", _Applier._missing_artifact),
     ("restored_replica", _Applier._restored_replica),
 )
+
+
+# Stops recorded as conflicts (`logsync conflicts`); every other stop holds its op in
+# quarantine (`logsync quarantine`).
+STOP_FORK, STOP_ID_COLLISION = "fork", "id collision"
+CONFLICT_STOPS = (STOP_FORK, STOP_ID_COLLISION)
 
 
 # How far past our own top a slot refused as forged may push our counter. A restored

@@ -10,11 +10,9 @@ ignores the table. Everything here runs inside the caller's transaction.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from logsync.errors import KeyFileError, ReplicaIdentityError, ValidationError
-from logsync.ids import is_replica_id
 from logsync.keys import PUBLIC_KEY_BYTES, certifies
 
 KEYS_DDL = (
@@ -163,10 +161,3 @@ def _checked(public_key: object) -> bytes:
         shape = f"{len(raw)} bytes" if raw is not None else f"a {type(public_key).__name__}"
         raise ValidationError(f"public_key must be {PUBLIC_KEY_BYTES} raw bytes, not {shape}")
     return raw
-
-
-def keyed_origins(conn: sqlite3.Connection, replica_id: str, events: Sequence[Any]) -> set[str]:
-    """The origins of `events`, other than ours, whose key this replica knows."""
-    origins = {op.get("origin_replica") for op in events if isinstance(op, Mapping)}
-    return {o for o in origins if isinstance(o, str) and o != replica_id
-            and is_replica_id(o) and known_key(conn, o) is not None}
