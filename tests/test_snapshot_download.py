@@ -6,9 +6,11 @@ stops the download with that error (no traceback from the thread, nothing half-c
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -133,3 +135,86 @@ def test_close_waits_for_every_chunk() -> None:
     digest = sink.close()
     assert b"".join(written) == b"".join(bytes([i]) * 10 for i in range(50))
     assert digest == hashlib.sha256(b"".join(written)).hexdigest()
+
+
+def test_the_server_counts_the_pace_in_bytes_of_the_file(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zstd frame is a ninth of its file: a joiner taking 2.25 MiB of file a second
+    keeps the pace, though the server sends only a quarter of a MiB a second."""
+    import anyio
+
+    from logsync.server import snapshotroute as route
+
+    clock = [0.0]
+    monkeypatch.setattr(route, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    frame = io.BytesIO(b"z" * (100 * route.CHUNK))  # 25 MiB sent, one chunk a second
+
+    async def drain(file_per_byte: float) -> int:
+        frame.seek(0)
+        clock[0], sent = 0.0, 0
+        async for chunk in route._body(frame, b"preamble", 0.0, file_per_byte):
+            sent += len(chunk)
+            clock[0] += 1.0
+        return sent
+
+    assert anyio.run(drain, 9.0) == 100 * route.CHUNK + len(b"preamble")
+    with pytest.raises(route.SnapshotStreamTimeout):  # counted as sent, it falls behind
+        anyio.run(drain, 1.0)
+
+
+def test_a_sigterm_after_the_commit_point_stops_the_daemon_but_keeps_the_join(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past `install`'s commit point a SIGTERM no longer ends the join: the daemon is told
+    to stop once it returns, and the log says the snapshot was installed."""
+    import os
+    import signal
+
+    from logsync.snapshot import joining
+
+    def joined_then_stopped(*args: Any, **kwargs: Any) -> Any:
+        assert joining._stopping is not None
+        joining._stopping.armed = False  # what install does before os.replace
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs here, in this (the main) thread
+        return SimpleNamespace(line=lambda: "joined from a snapshot of p")
+
+    monkeypatch.setattr(joining, "join_if_empty", joined_then_stopped)
+    before = signal.getsignal(signal.SIGTERM)
+    with caplog.at_level("INFO", logger="logsync.snapshot"):
+        assert joining.join_before_serving(tmp_path, None) is False
+    assert "after the snapshot was installed" in caplog.text
+    assert "nothing installed" not in caplog.text
+    assert signal.getsignal(signal.SIGTERM) is before and joining._stopping is None
+
+
+def test_install_disarms_the_stop_before_its_commit_point(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM landing as the rename runs is taken as a request, not raised mid-commit."""
+    import os
+    import signal
+    import sqlite3
+
+    from logsync.snapshot import joining
+
+    db, candidate = tmp_path / "store.sqlite3", tmp_path / "candidate.sqlite3"
+    for path in (db, candidate):
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE TABLE events (id TEXT)")
+        conn.close()
+    real_replace = os.replace
+
+    def replace_signalled(src: Any, dst: Any) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs here
+        real_replace(src, dst)
+
+    stop = joining._StopOnSignal()
+    monkeypatch.setattr(joining, "_stopping", stop)
+    monkeypatch.setattr(joining.os, "replace", replace_signalled)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        joining.install(candidate, db)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stop.requested and not candidate.exists()

@@ -69,7 +69,8 @@ async def sync_snapshot(request: Request) -> Response:
                 f", {size} as zstd" if zstd else "")
     state.streams += 1  # released by the answer however it ends, so taken just before it
     return _SnapshotResponse(
-        lambda: _release(state, handle), _body(handle, first, time.monotonic()),
+        lambda: _release(state, handle),
+        _body(handle, first, time.monotonic(), made.size / size if size else 1.0),
         media_type=SNAPSHOT_TYPE, headers=headers,
     )
 
@@ -162,13 +163,16 @@ def _release(state: _State, handle: BinaryIO) -> None:
         state.streams -= 1
 
 
-async def _body(handle: BinaryIO, first: bytes, started: float) -> AsyncIterator[bytes]:
+async def _body(handle: BinaryIO, first: bytes, started: float,
+                file_per_byte: float) -> AsyncIterator[bytes]:
     """The preamble (or its frame), then the file (or its frame) a chunk at a time, each
-    read on a worker thread; cut off when the joiner falls behind `transfer_behind`."""
+    read on a worker thread; cut off when the joiner falls behind `transfer_behind`,
+    counted in bytes of the file as the joiner counts them (`file_per_byte`: of the file
+    per byte sent, above 1 for its zstd frame)."""
     yield first
     sent = 0
     while True:
-        if transfer_behind(started, sent, time.monotonic()):
+        if transfer_behind(started, int(sent * file_per_byte), time.monotonic()):
             logger.warning("a snapshot download fell behind (%d bytes sent): cut off", sent)
             raise SnapshotStreamTimeout("the snapshot download fell behind")
         chunk = await anyio.to_thread.run_sync(handle.read, CHUNK)

@@ -212,6 +212,8 @@ def install(candidate: Path, db_path: Path) -> None:
                                   "process has it open")
         if conn.execute("SELECT 1 FROM events LIMIT 1").fetchone() is not None:
             raise SnapshotRefused(f"the store {db_path} is no longer empty")
+        if _stopping is not None:
+            _stopping.armed = False  # a SIGTERM from here on stops the daemon after the join
         os.replace(candidate, db_path)  # the commit point
         _fsync(db_path.parent)
     finally:
@@ -231,30 +233,52 @@ class _StoppedWhileJoining(BaseException):
     its file goes as the stack unwinds)."""
 
 
+class _StopOnSignal:
+    """A daemon's SIGTERM handler while it joins: it ends the join (raises) only while
+    armed; `install` disarms it just before its commit point, and so does the join's end,
+    so a late signal only asks the daemon to stop once the join has returned."""
+
+    def __init__(self) -> None:
+        self.armed, self.requested = True, False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.requested = True
+        if self.armed:
+            self.armed = False  # once: a second signal must not raise in the unwinding
+            raise _StoppedWhileJoining
+
+
+_stopping: _StopOnSignal | None = None  # the daemon's handler, while it joins
+
+
 def join_before_serving(palace: Path, ca_file: str | None) -> bool:
     """A daemon's empty store joins from the first peer in peers.json that serves a
     snapshot, before the store is opened for serving and pulling (so the rename never
     races our own connections); any failure is one log line, and the ordinary pulls take
-    over. False: SIGTERM stopped it (nothing installed); the daemon ends as if stopped
-    while serving."""
+    over. False: SIGTERM came meanwhile (before the commit point nothing is installed);
+    the daemon ends as if stopped while serving."""
+    global _stopping
     try:
         peers = load_peers(palace)
     except ConfigError:
         return True  # the peer loops report it
-
-    def stop(signum: int, frame: object) -> None:
-        raise _StoppedWhileJoining
-
     main = threading.current_thread() is threading.main_thread()
+    stop = _StopOnSignal()
     previous = signal.signal(signal.SIGTERM, stop) if main else None
+    _stopping = stop if main else None
     try:
         joined = join_if_empty(palace, peers, ca_file=ca_file, say=log.warning)
     except _StoppedWhileJoining:
         log.info("stopped (SIGTERM) while joining: nothing installed")
         return False
     finally:
+        stop.armed = False
+        _stopping = None
         if main:
             signal.signal(signal.SIGTERM, previous)
     if joined is not None:
         log.info("%s", joined.line())
+    if stop.requested:
+        log.info("stopped (SIGTERM) while joining, after the snapshot was installed")
+        return False
     return True
