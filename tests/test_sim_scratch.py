@@ -4,6 +4,7 @@ a directory whose owner lives, or that is not a run's, is never touched."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -69,7 +70,8 @@ def _killed_mid_run(argv: list[str], prefix: str) -> set[str]:
     finally:
         for pid in _group(proc.pid):
             if not _is_resource_tracker(pid):
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it ended since the listing
+                    os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # every process of the group is gone

@@ -398,6 +398,8 @@ class Cluster:
         if skewed is not None:
             node.skewed = skewed
         server = self.server(name)
+        if server.proc is not None and server.proc.poll() is not None:
+            self._reaped(server.proc)  # it ended by itself (a full disk, a crash)
         server.env = self._env(node, skewed=node.skewed)
         try:
             server.start()
