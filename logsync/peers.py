@@ -61,10 +61,10 @@ def check_url(url: object) -> str:
     try:
         parts = urlsplit(url.strip())
         port = parts.port
-    except ValueError:
-        raise ValidationError(
-            f"peer url={shown!r} is invalid: the port must be a number from 1 to 65535"
-        ) from None
+    except ValueError as exc:  # a bad port, or a bracketed host that does not close
+        rule = "the port must be a number from 1 to 65535" if "port" in str(exc).lower() \
+            else f"it is not a URL ({exc})"
+        raise ValidationError(f"peer url={shown!r} is invalid: {rule}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValidationError(
             f"peer url={shown!r} is invalid: must be an http:// or https:// URL with a host"

@@ -406,3 +406,11 @@ def test_status_is_not_in_sync_with_a_peer_listing_origins_it_cannot_pull(
     done = logsync(tmp_path, "--palace", str(palace), "status", "--json")
     (peer,) = json.loads(done.stdout)["peers"]
     assert done.returncode == 3 and len(peer["skipped_origins"]) == 4, peer
+
+
+def test_a_palace_under_a_file_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    done = logsync(tmp_path, "init", str(tmp_path / "afile" / "sub"))
+    err = done.stderr.decode()
+    assert done.returncode != 0 and "Traceback" not in err, err
+    assert f"{tmp_path / 'afile'} is a file, not a directory" in err, err

@@ -56,6 +56,10 @@ def test_a_malformed_file_is_one_clear_error(tmp_path: Path, text: str, problem:
 def test_bad_names_and_urls_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="peer url='localhost:80' is invalid"):
         peers.add_peer(tmp_path, "x", "localhost:80", None)
+    with pytest.raises(ValidationError, match=r"'http://\[::1' is invalid: it is not a URL"):
+        peers.add_peer(tmp_path, "x", "http://[::1", None)  # not a port problem
+    with pytest.raises(ValidationError, match="the port must be a number from 1 to 65535"):
+        peers.add_peer(tmp_path, "x", "http://h:99999", None)
     with pytest.raises(ValidationError, match="peer name='a\\\\nb' is invalid"):
         peers.add_peer(tmp_path, "a\nb", "http://x", None)
     assert not (tmp_path / "peers.json").exists()

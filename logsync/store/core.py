@@ -193,9 +193,12 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
             try:
                 make_private_dir(palace_path)  # 0700 if made here; never an existing one
             except OSError as exc:
-                raise StoreError(
-                    f"cannot create palace directory {palace_path}: {exc.strerror or exc}"
-                ) from None
+                blocker = next((p for p in (palace_path, *palace_path.parents)
+                                if p.exists() and not p.is_dir()), None)
+                why = f"{blocker} is a file, not a directory" if blocker is not None \
+                    else exc.strerror or exc
+                raise StoreError(f"cannot create palace directory {palace_path}: {why}") \
+                    from None
             rid = replica_id or get_replica_id(palace_path)
             if read_signing_key(palace_path) is None and _records_own_key(palace_path, rid):
                 # minting now would leave a second key behind even though the open fails
