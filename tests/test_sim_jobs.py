@@ -152,7 +152,10 @@ def test_ctrl_c_stops_the_pool_and_its_workers(how: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "logsync", "simulate", FAST, "--seeds", "1..200", "--jobs",
          "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+        start_new_session=True,
+        # as from a terminal: a test run started in the background (`cmd &` without job
+        # control) ignores SIGINT, and an ignored signal stays ignored across exec
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         time.sleep(3)  # the workers are running seeds
         if how == "ctrl-c":
@@ -163,6 +166,7 @@ def test_ctrl_c_stops_the_pool_and_its_workers(how: str) -> None:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)  # reaped, its pipes closed
     assert proc.returncode == 130 and out == "", err
     assert re.fullmatch(r"Error: interrupted: \d+ of 200 seeds had finished and no run was "
                         r"left going", err.strip()), err
