@@ -169,6 +169,8 @@ class ProxyHub:
         tasks = [t for link in self.links.values() for t in link.tasks]
         if tasks:
             await asyncio.wait(tasks, timeout=CONTROL_TIMEOUT_S / 2)
+        for _ in range(3):  # a closed transport closes its socket on a later turn of the loop
+            await asyncio.sleep(0)
 
     # ── control ──
 

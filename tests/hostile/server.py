@@ -87,6 +87,12 @@ class HostileServer:
             await asyncio.wait(list(self._tasks), timeout=STOP_TIMEOUT_S / 2)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server.wait_closed(), STOP_TIMEOUT_S / 2)
+        for task in list(self._tasks):  # accepted while the server was closing
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=STOP_TIMEOUT_S / 2)
+        for _ in range(3):  # an aborted transport closes its socket on a later turn
+            await asyncio.sleep(0)
 
     def _shutdown(self) -> None:
         self._stopped.set()
