@@ -46,6 +46,7 @@ class _Prefetch:
         self.answer: Any = None
         self.size = 0
         self.error: PeerError | None = None
+        self.wanted = True  # until the round asks for another page: a wrong guess
 
 
 class _Preparing:
@@ -92,7 +93,9 @@ class Prefetcher:
         """The answer to `request`: the page fetched ahead for it, else fetched now. Pages
         prepared ahead for other origins go: the round has left them."""
         pending = self._pending.pop(request_key(request), None)
-        self._pending.clear()  # any other guess was wrong
+        for wrong in self._pending.values():  # any other guess was wrong: its page, when
+            wrong.wanted = False  # it comes, is not prepared (the round has left it)
+        self._pending.clear()
         self._drop(lambda other: other.ahead and other.origin != request.params.get("origin"))
         if pending is None:
             return await self._fetch(request)
@@ -138,7 +141,7 @@ class Prefetcher:
             slot.error = exc
         finally:
             slot.done.set()
-        if slot.error is None:
+        if slot.error is None and slot.wanted:
             self._prepare_soon(request, slot.answer, ahead=True)
 
     def _drop(self, stale: Callable[[_Preparing], bool]) -> None:

@@ -10,10 +10,15 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import anyio
+
 from logsync import prefetch
-from logsync.responder import LOGSYNC_SERVER
+from logsync.fetchpolicy import OPS_PATH
+from logsync.report import RoundReport
+from logsync.responder import LOGSYNC_SERVER, answer
 from logsync.store import Store
 from logsync.store.apply import ApplyResult
+from logsync.wire import EXT_CHAIN, EXTENSIONS_PARAM, Request
 from tests.test_client import StorePeer, run_round
 
 ORIGINS = 6
@@ -52,3 +57,46 @@ def test_a_page_prepared_ahead_for_an_origin_left_behind_is_not_held(tmp_path: P
     assert report.applied == ORIGINS * PAGE
     assert len(stale) == 2 * ORIGINS
     assert max(stale) <= 1, stale
+
+
+def test_a_page_fetched_ahead_that_comes_after_the_round_left_its_origin_is_not_prepared(
+        tmp_path: Path) -> None:
+    """The page after origin A's full page is fetched ahead; the round asks for a page of
+    origin B before that fetch answers (A stopped). When A's page comes, it is not
+    prepared (held decoded until some later page is asked for)."""
+    source = Store.open(tmp_path / "source")
+    for i in range(3 * PAGE):
+        source.append_event("task.ask", "s", "r", "alice", body=f"a {i}")
+    origin = source.replica_id
+    target = Store.open(tmp_path / "target")
+
+    def ops(after: int, of: str = origin) -> Request:
+        return Request(OPS_PATH, {"origin": of, "after": after, "limit": PAGE,
+                                  EXTENSIONS_PARAM: EXT_CHAIN})
+
+    def served(request: Request) -> Any:
+        return answer(source, request.path, request.params, profile=LOGSYNC_SERVER)[1]
+
+    release, asked = anyio.Event(), []
+
+    async def fetch(request: Request) -> tuple[Any, int]:
+        asked.append(request.params["after"])
+        if request.params["origin"] == origin:
+            await release.wait()  # A's page ahead answers only after the round moved on
+        return served(request), 1
+
+    async def go() -> int:
+        async with anyio.create_task_group() as group:
+            ahead = prefetch.Prefetcher(fetch, "peer", group, RoundReport("peer"), target)
+            first = ops(0)
+            ahead.after(first, served(first))  # a full page: the next is fetched ahead
+            await anyio.sleep(0.01)
+            await ahead.take(ops(0, of="b" * 32))  # the round has left A
+            release.set()
+            await anyio.sleep(0.05)
+            return len(ahead._preparing)
+
+    with mock.patch.object(prefetch, "CORES", 2):
+        held = anyio.run(go)
+    assert asked == [PAGE, 0]
+    assert held == 0
