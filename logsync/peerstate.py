@@ -247,6 +247,7 @@ class PeerState:
             "extensions": list(self.extensions),
             "stopped_origins": dict(self.stopped_origins),
             "failed_origins": dict(self.failed_origins),
+            "skipped_origins": dict(self.skipped_origins),
             "catchup": dict(self.catchup) if self.catchup else None,
             "takes_pushes": self.takes_pushes,
             "last_push_at": iso_utc(self.last_push_at),

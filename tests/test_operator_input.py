@@ -408,6 +408,24 @@ def test_status_is_not_in_sync_with_a_peer_listing_origins_it_cannot_pull(
     assert done.returncode == 3 and len(peer["skipped_origins"]) == 4, peer
 
 
+def test_cached_status_is_not_in_sync_with_a_peer_that_listed_origins_it_cannot_pull(
+        tmp_path: Path, palace: Path, junk_vector_peer: tuple[str, list[str]]) -> None:
+    """What the last round saw is what `status --cached` tells: the origins it could not
+    pull too (exit 3, never 'in sync both ways')."""
+    url, _ = junk_vector_peer
+    assert logsync(tmp_path, "--palace", str(palace), "peers", "add", "junk",
+                   url).returncode == 0
+    assert logsync(tmp_path, "--palace", str(palace), "sync", "--pull-only").returncode == 0
+    done = logsync(tmp_path, "--palace", str(palace), "status", "--cached")
+    out = done.stdout.decode()
+    assert done.returncode == 3, (out, done.stderr)
+    assert "NOT IN SYNC: its vector lists 4 origins this replica cannot pull" in out, out
+    assert "in sync both ways" not in out, out
+    done = logsync(tmp_path, "--palace", str(palace), "status", "--cached", "--json")
+    (peer,) = json.loads(done.stdout)["peers"]
+    assert done.returncode == 3 and len(peer["skipped_origins"]) == 4, peer
+
+
 def test_a_palace_under_a_file_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
     done = logsync(tmp_path, "init", str(tmp_path / "afile" / "sub"))
