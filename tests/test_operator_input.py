@@ -426,6 +426,31 @@ def test_cached_status_is_not_in_sync_with_a_peer_that_listed_origins_it_cannot_
     assert done.returncode == 3 and len(peer["skipped_origins"]) == 4, peer
 
 
+@pytest.mark.parametrize("args", [
+    ["peers", "add", b"ab\xffcd", "http://127.0.0.1:1"],
+    ["peers", "add", "x", b"http://127.0.0.1:1/\xff"],
+    ["list", "--since-event-id", b"evt_\xff"],
+    ["artifact", "get", b"\xfe"],
+    ["sync", "--peer", b"http://127.0.0.1:1/\xff"],
+])
+def test_an_argument_that_is_not_utf8_is_one_sentence(tmp_path: Path, palace: Path,
+                                                      args: list[str | bytes]) -> None:
+    """Undecodable bytes reach Python as lone surrogates, which SQLite, JSON files and
+    HTTP refuse later (a peer name with them once stopped `serve` at every start)."""
+    before = _fingerprint(palace)
+    done = logsync(tmp_path, "--palace", str(palace), *args)  # type: ignore[arg-type]
+    one_sentence(done, "is not valid UTF-8: logsync takes UTF-8 text", "\\xf")
+    assert _fingerprint(palace) == before
+
+
+def test_a_logsync_variable_that_is_not_utf8_is_one_sentence(tmp_path: Path) -> None:
+    env = {**os.environ, "HOME": str(tmp_path / "home"),
+           "LOGSYNC_PALACE": os.fsdecode(str(tmp_path).encode() + b"/p\xff")}
+    done = subprocess.run([*PY, "status"], capture_output=True, env=env, timeout=60,
+                          cwd=tmp_path, check=False)
+    one_sentence(done, "environment variable LOGSYNC_PALACE=", "is not valid UTF-8")
+
+
 def test_a_palace_under_a_file_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
     done = logsync(tmp_path, "init", str(tmp_path / "afile" / "sub"))

@@ -46,6 +46,9 @@ def test_only_url_is_required_and_a_nameless_peer_is_known_by_its_url(tmp_path: 
      "peers[0] and peers[1] are both 'desk': each peer needs a name of its own"),
     ('{"peers": [{"url": "http://h:5"}, {"url": "http://a@h:5"}]}',
      "peers[0] and peers[1] are both 'http://h:5'"),
+    ('{"peers": [{"name": "ab\\udcffcd", "url": "http://h:5"}]}',
+     "is invalid: must be 1-128 printable characters of valid Unicode"),
+    ('{"peers": [{"url": "http://h:5/\\udcff"}]}', "is invalid: it must be valid Unicode"),
 ])
 def test_a_malformed_file_is_one_clear_error(tmp_path: Path, text: str, problem: str) -> None:
     (tmp_path / "peers.json").write_text(text)

@@ -7,11 +7,13 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Mapping
 
 import click
 
 from logsync import __version__
 from logsync.cli._common import remember_create
+from logsync.errors import shorten
 
 # Which modules define (or add subcommands to) each command. A command's modules are
 # imported when it is named, all of them for the group's help: `logsync sync` does not
@@ -87,6 +89,9 @@ def main() -> None:
 
 def _main() -> None:
     as_json = "--json" in sys.argv[1:]
+    problem = not_utf8(sys.argv[1:], os.environ)
+    if problem:
+        _one_line(problem, as_json)
     try:
         code = cli.main(standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `logsync`: the help, not an error
@@ -104,6 +109,22 @@ def _main() -> None:
             raise
         _one_line(f"unexpected {type(exc).__name__}: {exc}", as_json)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def not_utf8(argv: list[str], environ: Mapping[str, str]) -> str | None:
+    """The first argument or LOGSYNC_ variable that is not UTF-8 text, in a sentence.
+    Python hands undecodable bytes on as lone surrogates, which every later encode
+    (SQLite, JSON files, HTTP) refuses: checked once here, before anything is written."""
+    named = [(f"argument {i} ", arg) for i, arg in enumerate(argv, 1)]
+    named += [(f"environment variable {key}=", value) for key, value in sorted(environ.items())
+              if key.startswith("LOGSYNC_")]
+    for what, text in named:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = os.fsencode(text)
+            return f"{what}{shorten(raw, 80)} is not valid UTF-8: logsync takes UTF-8 text"
+    return None
 
 
 def _one_line(message: str, as_json: bool) -> None:
