@@ -51,10 +51,28 @@ MINIMAL = 'duration = "5s"\n'
     ("[expect]\nmedian_reach = -1", ["expect.median_reach=-1", "at least 0 s"]),
     ("[random]\ncrashes = 2", ["random.window", "non-empty span"]),
     ("name = ", ["not valid TOML"]),
+    # values of the wrong TOML type where a node or a name is wanted
+    ("[network]\nlatency = { dist = ['uniform'] }", ["latency.dist=['uniform'] is not allowed"]),
+    ("[topology]\nkind = 'hub-and-spoke'\nhub = ['n0']", ["topology.hub=['n0'] is not a node"]),
+    ("[topology]\nkind = 'edges'\nedges = [[['n0'], 'n1']]", ["must be a pair of two"]),
+    ("[[fault]]\nkind = 'partition'\ngroups = [[['n0']], ['n1']]", ["fault[0].groups="]),
+    ("[[workload]]\nnodes = [['n0']]", ["workload[0].nodes=[['n0']] names ['n0']"]),
+    ("[nodes]\nupstream = 5", ["nodes.upstream=5 must be a list of node names"]),
+    ("[nodes]\nupstream = 'n0'", ["nodes.upstream='n0' must be a list of node names"]),
+    # times the virtual clocks cannot hold
+    ("[[fault]]\nkind = 'clock_jump'\nnode = 'n1'\nby = '500000w'",
+     ["fault[0].by='500000w' must be at most 3650 days"]),
+    ("[nodes]\nskew = { n1 = 1.0e300 }", ["nodes.skew.n1=1e+300 must be at most 3650 days"]),
+    ("[nodes]\nskew_max = '3651d'", ["nodes.skew_max='3651d' must be at most 3650 days"]),
+    ("[random]\nwindow = [0, 5]\nclock_jumps = 3\nmax_jump = '2000d'",
+     ["skews and jumps add up to 518400000 s", "3650 days"]),
+    ("duration = '" + "9" * 400 + "s'", ["duration='999", "must be seconds as a number"]),
+    ("sample_every = '1ms'", ["sample_every=0.001 s would take more than 20000 lag samples",
+                              "at least 0.009 s"]),
 ])
 def test_a_malformed_scenario_is_one_sentence_naming_the_key(text: str,
                                                              needles: list[str]) -> None:
-    body = text if text.startswith(("duration", "name")) else MINIMAL + text
+    body = text if text.startswith(("duration", "name", "sample_every")) else MINIMAL + text
     with pytest.raises(ScenarioError) as caught:
         parse_scenario(body, source="bad.toml")
     message = str(caught.value)
@@ -107,3 +125,24 @@ def test_simulate_cli_errors_are_one_line(tmp_path: Path) -> None:
     assert sweep.exit_code != 0 and "must be A..B" in sweep.output
     missing = runner.invoke(cli, ["simulate", str(tmp_path / "none.toml")])
     assert missing.exit_code == 1 and "cannot read the scenario file" in missing.output
+
+
+def test_a_workload_patch_is_as_large_as_asked_and_never_past_what_a_store_holds() -> None:
+    """`patch_bytes` up to its maximum makes a patch the store takes, in linear time (the
+    text's length was summed again per line: a 4 MiB patch never finished), and the
+    texts are those of the seeds' earlier runs."""
+    import random
+
+    from logsync.model import MAX_ARTIFACT_BYTES
+    from logsync.sim.workload import _patch_text
+
+    def as_before(serial: int, size: int, rng: random.Random) -> str:
+        lines = [f"--- a/file{serial}.txt", f"+++ b/file{serial}.txt", "@@ -1 +1 @@"]
+        while sum(len(line) + 1 for line in lines) < size:
+            lines.append(f"+{rng.getrandbits(64):016x} line {len(lines)}")
+        return "\n".join(lines) + "\n"
+
+    for size in (1, 400, 5000):
+        assert _patch_text(7, size, random.Random(size)) == as_before(7, size, random.Random(size))
+    largest = _patch_text(7, MAX_ARTIFACT_BYTES, random.Random(1))
+    assert MAX_ARTIFACT_BYTES - 64 <= len(largest.encode()) <= MAX_ARTIFACT_BYTES

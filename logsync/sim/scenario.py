@@ -54,7 +54,7 @@ from logsync.sim.spec import (
     SyncSpec,
     Workload,
 )
-from logsync.sim.table import Table, natural, parse_duration
+from logsync.sim.table import MAX_DURATION_S, Table, is_node, natural, parse_duration
 
 __all__ = [  # what importers of this module use; the spec types live in spec.py
     "ACTIONS", "FAULT_KINDS", "LATENCY_DISTS", "MAX_NODES", "SYNC_MODES", "TAMPERS",
@@ -132,6 +132,8 @@ def scenario_from_dict(
         source=source,
     )
     _check_network_nodes(scenario)
+    _check_clock_reach(scenario)
+    _check_sampling(scenario)
     return scenario
 
 
@@ -185,8 +187,8 @@ def _read_nodes(t: Table) -> tuple[tuple[str, ...], dict[str, float], float, lis
         raise t.fail("skew", skew_raw, "must be a table of node = offset (e.g. n1 = \"-2m\")")
     skew_table = Table(skew_raw, t.source, f"{t.path}.skew", tuple(skew_raw))
     skew = {n: skew_table.duration(n, 0.0, negative=True) for n in skew_raw}
-    upstream = list(t.data.get("upstream", []))
-    if not all(isinstance(n, str) for n in upstream):
+    upstream = t.data.get("upstream", [])
+    if not isinstance(upstream, list) or not all(isinstance(n, str) for n in upstream):
         raise t.fail("upstream", upstream, "must be a list of node names")
     agents = t.integer("agents", default=2, low=1, high=50)
     return nodes, skew, t.duration("skew_max", 0.0), upstream, agents
@@ -199,7 +201,7 @@ def _read_edges(t: Table, known: set[str]) -> tuple[tuple[str, str], ...]:
                      "when kind = \"edges\"")
     edges = []
     for pair in raw:
-        if not (isinstance(pair, list) and len(pair) == 2 and all(p in known for p in pair)
+        if not (isinstance(pair, list) and len(pair) == 2 and all(is_node(p, known) for p in pair)
                 and pair[0] != pair[1]):
             raise t.fail("edges", pair, "must be a pair of two different node names")
         edges.append((pair[0], pair[1]))
@@ -217,7 +219,7 @@ def _read_latency(t: Table, key: str, default: Latency) -> Latency:
                "normal": ("dist", "mean", "sd"), "exponential": ("dist", "mean"),
                "lognormal": ("dist", "median", "sigma")}
     dist = raw.get("dist")
-    if dist not in allowed:
+    if not isinstance(dist, str) or dist not in allowed:
         raise t.fail(f"{key}.dist", dist, f"is not allowed; allowed: {', '.join(LATENCY_DISTS)}")
     sub = Table(raw, t.source, f"{t._name(t.path, key)}", allowed[dist])
     if dist == "fixed":
@@ -342,7 +344,7 @@ def _read_of(t: Table, known: set[str]) -> str | None:
 def _read_groups(t: Table, known: set[str]) -> tuple[tuple[str, ...], ...]:
     raw = t.data["groups"]
     ok = isinstance(raw, list) and len(raw) >= 2 and all(
-        isinstance(g, list) and g and all(n in known for n in g) for g in raw)
+        isinstance(g, list) and g and all(is_node(n, known) for n in g) for g in raw)
     if not ok:
         raise t.fail("groups", raw, "must be two or more non-empty lists of node names")
     flat = [n for g in raw for n in g]
@@ -382,6 +384,33 @@ def _read_expect(t: Table) -> Expect:
         requests_per_event=t.number("requests_per_event", None),
         messages_per_event=t.number("messages_per_event", None),
     )
+
+
+MAX_SAMPLES = 20_000
+
+
+def _check_sampling(s: Scenario) -> None:
+    """The lag samples a run keeps (one per `sample_every` of its longest run) are
+    bounded, as everything a run holds is."""
+    longest = s.duration + s.expect.converge_within
+    if s.sample_every is not None and longest / s.sample_every > MAX_SAMPLES:
+        raise ScenarioError(
+            f"{s.source}: sample_every={s.sample_every:g} s would take more than "
+            f"{MAX_SAMPLES} lag samples over a run of up to {longest:g} s (duration + "
+            f"expect.converge_within): it must be at least {longest / MAX_SAMPLES:g} s")
+
+
+def _check_clock_reach(s: Scenario) -> None:
+    """Skews and jumps together keep every wall clock within `MAX_DURATION_S` of the
+    virtual time (each alone is checked where it is read; many add up)."""
+    reach = (max((abs(skew) for _, skew in s.skew), default=0.0) + s.skew_max
+             + sum(abs(f.by) for f in s.faults if f.kind == "clock_jump")
+             + s.random.clock_jumps * s.random.max_jump)
+    if reach > MAX_DURATION_S:
+        raise ScenarioError(
+            f"{s.source}: the clocks' skews and jumps add up to {reach:.0f} s, past the "
+            f"{MAX_DURATION_S:.0f} s (3650 days) a node's wall clock may stray from the "
+            "virtual time")
 
 
 def _check_network_nodes(s: Scenario) -> None:

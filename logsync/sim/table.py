@@ -10,6 +10,9 @@ from typing import Any
 from logsync.sim.spec import ScenarioError
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+# Every duration of a scenario (a run's length, a latency, a clock's skew or jump) is at
+# most this far from zero: a virtual clock further out leaves the calendar's years.
+MAX_DURATION_S = 3650 * 86400.0
 _DURATION_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 
 
@@ -108,13 +111,16 @@ class Table:
                             "'250ms', '30s', '5m', '2h', '3d', '2w'")
         if not negative and seconds < low:
             raise self.fail(key, value, f"must be at least {low:g} s")
+        if abs(seconds) > MAX_DURATION_S:
+            raise self.fail(key, value, "must be at most 3650 days "
+                            f"({MAX_DURATION_S:.0f} s){' either way' if negative else ''}")
         return seconds
 
     def node(self, key: str, known: set[str], default: Any = None) -> Any:
         value = self.data.get(key, default)
         if value is None:
             return None
-        if value not in known:
+        if not is_node(value, known):
             raise self.fail(key, value, f"is not a node; nodes: {', '.join(sorted(known))}")
         return value
 
@@ -126,23 +132,29 @@ class Table:
             rule = "must be a non-empty list of node names" + (" or \"all\"" if allow_all else "")
             raise self.fail(key, value, rule)
         for item in value:
-            if item not in known:
+            if not is_node(item, known):
                 raise self.fail(key, value, f"names {item!r}, which is not a node; "
                                 f"nodes: {', '.join(sorted(known, key=natural))}")
         return tuple(value)
 
 
+def is_node(value: Any, known: set[str]) -> bool:
+    """A node name (TOML also gives lists and tables, which no set can hold)."""
+    return isinstance(value, str) and value in known
+
+
 def parse_duration(value: Any) -> float | None:
-    """Seconds from a number or a '<n><unit>' string; None if neither."""
+    """Seconds from a number or a '<n><unit>' string; None if neither (or not finite)."""
     if isinstance(value, bool):
         return None
+    seconds = None
     if isinstance(value, int | float):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, str):
+        seconds = float(value)
+    elif isinstance(value, str):
         match = _DURATION_RE.match(value)
         if match:
-            return float(match.group(1)) * _UNITS[match.group(2)]
-    return None
+            seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    return seconds if seconds is not None and math.isfinite(seconds) else None
 
 
 def natural(name: str) -> tuple[Any, ...]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from logsync.model import TERMINAL_STATUSES
+from logsync.model import MAX_ARTIFACT_BYTES, TERMINAL_STATUSES
 from logsync.sim.node import Ask, SimNode
 from logsync.sim.spec import Workload
 
@@ -93,6 +93,10 @@ def _answer(node: SimNode, action: str, ask: Ask, rng: random.Random,
 
 def _patch_text(serial: int, size: int, rng: random.Random) -> str:
     lines = [f"--- a/file{serial}.txt", f"+++ b/file{serial}.txt", "@@ -1 +1 @@"]
-    while sum(len(line) + 1 for line in lines) < size:
+    length = sum(len(line) + 1 for line in lines)  # kept, not summed again per line
+    while length < size:
         lines.append(f"+{rng.getrandbits(64):016x} line {len(lines)}")
+        length += len(lines[-1]) + 1
+    if length > MAX_ARTIFACT_BYTES:  # the line that reached `size` passed what a store holds
+        lines.pop()
     return "\n".join(lines) + "\n"
