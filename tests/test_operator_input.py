@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import sqlite3
 import subprocess
 import sys
 import time
@@ -449,6 +450,28 @@ def test_a_logsync_variable_that_is_not_utf8_is_one_sentence(tmp_path: Path) -> 
     done = subprocess.run([*PY, "status"], capture_output=True, env=env, timeout=60,
                           cwd=tmp_path, check=False)
     one_sentence(done, "environment variable LOGSYNC_PALACE=", "is not valid UTF-8")
+
+
+def test_another_applications_database_is_left_as_it_is(tmp_path: Path) -> None:
+    """A logstream.sqlite3 with an `events` table of its own: every command says whose
+    it is not, in one sentence, and nothing is written beside it (init wrote replica.json
+    and a signing key, then failed on a missing column, and read commands sent the
+    operator back to init)."""
+    palace = tmp_path / "other"
+    palace.mkdir()
+    conn = sqlite3.connect(palace / "logstream.sqlite3")
+    conn.execute("CREATE TABLE events (x)")
+    conn.execute("INSERT INTO events VALUES (1)")
+    conn.commit()
+    conn.close()
+    before = _fingerprint(palace)
+    for args in (["init", str(palace)], ["--palace", str(palace), "info"],
+                 ["--palace", str(palace), "append", "--stream", "s", "--room", "r",
+                  "--from-agent", "a", "--type", "note", "--body", "x"]):
+        one_sentence(logsync(tmp_path, *args), "logstream.sqlite3 is not a logstream store: "
+                     "its events table has no column id, type, stream, created_at")
+        assert _fingerprint(palace) == before and sorted(p.name for p in palace.iterdir()) \
+            == ["logstream.sqlite3"]
 
 
 def test_a_palace_under_a_file_names_the_file(tmp_path: Path) -> None:

@@ -192,7 +192,8 @@ def test_a_read_only_open_never_migrates_or_creates(tmp_path: Path) -> None:
     palace = tmp_path / "old"
     palace.mkdir()
     conn = sqlite3.connect(palace / DB_FILENAME)
-    conn.execute("CREATE TABLE events (id TEXT PRIMARY KEY, type TEXT)")
+    conn.execute("CREATE TABLE events (id TEXT PRIMARY KEY, type TEXT, stream TEXT, "
+                 "created_at TEXT)")  # an early logstream's: before the provenance columns
     conn.commit()
     conn.close()
     (palace / "replica.json").write_text('{"replica_id": "rep_' + "a" * 32 + '"}')

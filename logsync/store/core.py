@@ -59,6 +59,7 @@ from logsync.store.reidentify import Reidentified, reidentify_store
 from logsync.store.retry import RetryReport, retry_quarantine
 from logsync.store.schema import (
     HEALTH_UPSERT,
+    foreign_database,
     migrate,
     schema_problem,
 )
@@ -172,6 +173,9 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         loop = symlink_loop(palace_path, palace_path / DB_FILENAME)
         if loop is not None:
             raise StoreError(f"cannot open the store: {loop}")
+        foreign = foreign_database(palace_path / DB_FILENAME)
+        if foreign is not None:  # before anything (replica.json, a key) is written beside it
+            raise StoreError(foreign)
         if read_only:
             if not (palace_path / DB_FILENAME).is_file():
                 raise StoreNeedsWrite(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import UTC, datetime
+from pathlib import Path
 
 from logsync import hlc as hlc_mod
 from logsync.model import ROW_COLUMNS
@@ -166,6 +167,34 @@ def create_upstream_tables(conn: sqlite3.Connection) -> None:
     for statement in UPSTREAM_SCHEMA.split(";"):
         if statement.strip() and "CREATE TABLE" in statement:
             conn.execute(statement)
+
+
+# Columns every logstream's tables have had (migrations add the others): a database whose
+# table of that name lacks one belongs to another application.
+LOGSTREAM_MARKS = {"events": ("id", "type", "stream", "created_at"),
+                   "artifacts": ("id", "sha256", "content")}
+
+
+def foreign_database(db: Path) -> str | None:
+    """Why the SQLite file `db` is another application's (read only, nothing created),
+    else None: also when it is missing or no database at all (the open says so)."""
+    if not db.is_file():
+        return None
+    try:
+        conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            for table, needed in LOGSTREAM_MARKS.items():
+                columns = _columns(conn, table)
+                absent = [c for c in needed if c not in columns]
+                if columns and absent:
+                    return (f"{db} is not a logstream store: its {table} table has no column "
+                            f"{', '.join(absent)} (another application's database?); logsync "
+                            "leaves it as it is")
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return None
 
 
 def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
