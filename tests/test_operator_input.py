@@ -474,6 +474,18 @@ def test_another_applications_database_is_left_as_it_is(tmp_path: Path) -> None:
             == ["logstream.sqlite3"]
 
 
+@pytest.mark.parametrize("args", [
+    ["list", "--before-event-id", "x" * 100_000],
+    ["list", "--since-event-id", "x" * 100_000],
+    ["artifact", "get", "x" * 100_000],
+    ["peers", "add", "x" * 100_000, "http://127.0.0.1:1"],
+])
+def test_a_huge_value_is_shown_shortened(tmp_path: Path, palace: Path,
+                                         args: list[str]) -> None:
+    err = one_sentence(logsync(tmp_path, "--palace", str(palace), *args), "xxx...")
+    assert len(err) < 300, len(err)
+
+
 def test_a_palace_under_a_file_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
     done = logsync(tmp_path, "init", str(tmp_path / "afile" / "sub"))

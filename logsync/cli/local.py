@@ -27,7 +27,7 @@ from logsync.cli._common import (
 )
 from logsync.cli.group import cli
 from logsync.cli.replication import sync_cmd
-from logsync.errors import NotFoundError
+from logsync.errors import NotFoundError, shorten
 from logsync.model import ARTIFACT_KINDS, EVENT_STATUSES, MAX_BODY_BYTES
 from logsync.store import Store
 from logsync.store.signing_state import phrase, read_signing_states
@@ -298,7 +298,7 @@ def artifact_get(ctx: click.Context, as_json: bool, artifact_id: str, out: str |
     with open_store(ctx, read_only=True) as store:
         record = store.get_artifact(artifact_id)
     if record is None:
-        raise NotFoundError(f"artifact {artifact_id!r} not found")
+        raise NotFoundError(f"artifact {shorten(artifact_id)} not found")
     if out:
         with open(click.format_filename(out), "wb") as handle:
             handle.write(record["content"].encode("utf-8"))

@@ -66,7 +66,7 @@ class Reads:
     def _event_by_id(self, event_id: str) -> dict[str, Any]:
         event = self.get_event(event_id)
         if event is None:
-            raise NotFoundError(f"event {event_id!r} not found")
+            raise NotFoundError(f"event {shorten(event_id)} not found")
         return event
 
     def list_events(
@@ -136,7 +136,7 @@ class Reads:
     def _anchor(self, name: str, event_id: str) -> int:
         rows = self._read("SELECT rowid FROM events WHERE id = ?", (event_id,))
         if not rows:
-            raise NotFoundError(f"{name} {event_id!r} not found in this replica")
+            raise NotFoundError(f"{name} {shorten(event_id)} not found in this replica")
         return int(rows[0][0])
 
     def latest_event_id(self) -> str | None:
