@@ -486,6 +486,12 @@ def test_a_huge_value_is_shown_shortened(tmp_path: Path, palace: Path,
     assert len(err) < 300, len(err)
 
 
+def test_the_create_hint_names_the_command_also_under_python_m(tmp_path: Path) -> None:
+    """Run as `python -m logsync` (as here), the hint is still `logsync --create CMD`."""
+    done = logsync(tmp_path, "--palace", str(tmp_path / "none"), "conflicts")
+    one_sentence(done, "pass --create before the command ('logsync --create conflicts')")
+
+
 def test_a_palace_under_a_file_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
     done = logsync(tmp_path, "init", str(tmp_path / "afile" / "sub"))

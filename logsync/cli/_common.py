@@ -102,7 +102,11 @@ def no_palace(ctx: click.Context, palace: Path) -> NoPalaceError:
     if any(p.name == "create" for p in ctx.command.params):
         hint = "pass --create"
     else:  # a command without its own --create: the group's one comes before its name
-        rest = " ".join(ctx.command_path.split(" ")[1:])
+        names, at = [], ctx
+        while at.parent is not None:  # the command's names (the program's may be `python -m`)
+            names.append(at.info_name or "")
+            at = at.parent
+        rest = " ".join(reversed(names))
         hint = f"pass --create before the command ('logsync --create {rest}')"
     return NoPalaceError(f"no palace at {palace}: run 'logsync init {palace}' or {hint}")
 
