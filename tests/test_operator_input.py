@@ -492,6 +492,31 @@ def test_the_create_hint_names_the_command_also_under_python_m(tmp_path: Path) -
     one_sentence(done, "pass --create before the command ('logsync --create conflicts')")
 
 
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["sync"], ["status"]])
+def test_a_ca_file_that_is_no_ca_bundle_is_one_sentence(tmp_path: Path, palace: Path,
+                                                        command: list[str]) -> None:
+    """Refused before the command starts: a daemon with a peer died on it with a
+    traceback once the peer's task began, and sync said 'internal error' per peer."""
+    assert logsync(tmp_path, "--palace", str(palace), "peers", "add", "x",
+                   "http://127.0.0.1:1").returncode == 0
+    (tmp_path / "notpem.pem").write_text("garbage\n")
+    done = logsync(tmp_path, "--palace", str(palace), *command, "--ca-file",
+                   str(tmp_path / "notpem.pem"), timeout=30)
+    one_sentence(done, "Invalid value for '--ca-file': CA file ", "cannot be loaded")
+
+
+def test_a_daemon_given_a_ca_file_that_is_no_ca_bundle_refuses_to_start(
+        tmp_path: Path) -> None:
+    """The daemon's own check, for a config not made by the CLI: before the store opens."""
+    from logsync.daemon import Daemon, DaemonConfig
+    from logsync.errors import ConfigError
+
+    (tmp_path / "notpem.pem").write_text("garbage\n")
+    with pytest.raises(ConfigError, match="cannot be loaded"):
+        Daemon(DaemonConfig(palace=tmp_path / "p", port=0, ca_file=str(tmp_path / "notpem.pem")))
+    assert not (tmp_path / "p").exists()
+
+
 def test_a_palace_under_a_file_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
     done = logsync(tmp_path, "init", str(tmp_path / "afile" / "sub"))

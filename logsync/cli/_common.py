@@ -33,6 +33,20 @@ def default_palace() -> Path:
 PALACE_ENV = "LOGSYNC_PALACE"
 
 
+def checked_ca_file(ctx: click.Context, param: click.Parameter, value: str | None
+                    ) -> str | None:
+    """--ca-file's callback: a file that is no CA bundle is one sentence before the
+    command starts (a daemon died on it once its first peer task began)."""
+    if value is not None:
+        from logsync.client import tls_context  # httpx: loaded only when a CA is given
+
+        try:
+            tls_context(True, value)
+        except LogsyncError as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return value
+
+
 def palace_of(ctx: click.Context, named: str | None = None) -> Path:
     """The palace a command works on: `named` (a command's own argument) if given, else
     the group's --palace, else the per-user default. A name that is empty or blank (an

@@ -7,7 +7,13 @@ import sys
 import click
 
 from logsync import peers as peers_mod
-from logsync.cli._common import FiniteRange, emit_json, handles_errors, json_option
+from logsync.cli._common import (
+    FiniteRange,
+    checked_ca_file,
+    emit_json,
+    handles_errors,
+    json_option,
+)
 from logsync.cli.group import cli
 from logsync.conformance import DEFAULT_DEADLINE_S, DEFAULT_MAX_REQUESTS, DEFAULT_TIMEOUT_S
 
@@ -36,6 +42,7 @@ be checked (unreachable, refuses the token, or its version vector is unusable)."
 @click.option("--max-requests", type=click.IntRange(10, 10_000), default=DEFAULT_MAX_REQUESTS,
               show_default=True, help="Requests the run may make. Example: --max-requests 200")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
+              callback=checked_ca_file,
               help="CA bundle for verifying an https peer. Example: --ca-file ca.pem")
 @json_option
 @handles_errors

@@ -15,6 +15,7 @@ from logsync import peers as peers_mod
 from logsync import progress
 from logsync.cli._common import (
     FiniteRange,
+    checked_ca_file,
     emit_json,
     handles_errors,
     json_option,
@@ -58,6 +59,7 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False),
               help="The private key of --tls-cert (PEM).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
+              callback=checked_ca_file,
               help="CA bundle for verifying https peers.")
 @click.option("--no-notify", is_flag=True, help="Do not follow peers' /logstream/stream.")
 @click.option("--commit-check-ms", type=FiniteRange(0, 1000), default=5.0,
@@ -118,6 +120,7 @@ stopped (by an op held in quarantine, or a fork or id collision recorded as a co
 @click.option("--token", envvar="LOGSYNC_PEER_TOKEN", help="Bearer token for --peer "
               "(env LOGSYNC_PEER_TOKEN).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
+              callback=checked_ca_file,
               help="CA bundle for verifying an https peer.")
 @click.option("--timeout", type=FiniteRange(0.1, 3600), default=30.0, show_default=True,
               help="How long one connect or read may wait, in seconds (a whole request "

@@ -14,6 +14,7 @@ import click
 from logsync import peers as peers_mod
 from logsync.cli._common import (
     FiniteRange,
+    checked_ca_file,
     emit_json,
     handles_errors,
     json_option,
@@ -44,6 +45,7 @@ behind either way, a chain differs, or its vector lists origins this replica can
 @click.option("--timeout", "deadline_s", type=FiniteRange(0.1, 60), show_default=True,
               default=PROBE_TIMEOUT_S, help="Seconds to wait for each peer (all at once).")
 @click.option("--ca-file", type=click.Path(exists=True, dir_okay=False),
+              callback=checked_ca_file,
               help="CA bundle for verifying https peers.")
 @json_option
 @click.pass_context
