@@ -82,6 +82,11 @@ def _synced_temp(path: Path, text: str, mode: int) -> Path:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+    except OSError as exc:  # a full disk names no file: name the one being written
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -91,3 +91,21 @@ def test_push_is_a_checked_flag_of_peers_json(tmp_path: Path) -> None:
         {"peers": [{"name": "desk", "url": "http://127.0.0.1:9", "push": "yes"}]}))
     with pytest.raises(ConfigError, match=r"peers\[0\].push='yes' must be true or false"):
         peers.load_peers(tmp_path)
+
+
+def test_a_full_disk_names_the_file_being_written(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC names no file: the error says which one (it read 'I/O: No space left')."""
+    import errno
+
+    from logsync import files
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    with pytest.raises(OSError) as caught:
+        peers.add_peer(tmp_path, "x", "http://127.0.0.1:1", None)
+    assert caught.value.filename == str(tmp_path / "peers.json")
+    assert caught.value.errno == errno.ENOSPC
+    assert [p.name for p in tmp_path.iterdir()] == []  # no temp file left
