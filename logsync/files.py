@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from contextlib import suppress
 from pathlib import Path
@@ -113,13 +114,27 @@ def read_json(path: Path, *, max_bytes: int = MAX_JSON_FILE_BYTES) -> object:
     import json
 
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(max_bytes + 1)
+        # O_NONBLOCK: opening a FIFO put in the file's place would wait for a writer
+        # (a daemon re-reading its peers would hang, deaf to SIGTERM)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise UnreadableJSON(path, f"cannot be read: {exc.strerror or exc}",
                              damaged=False) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnreadableJSON(path, "is not a regular file", damaged=False)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as handle:
+            fd = -1
+            raw = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise UnreadableJSON(path, f"cannot be read: {exc.strerror or exc}",
+                             damaged=False) from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if len(raw) > max_bytes:
         raise UnreadableJSON(path, f"is larger than {max_bytes} bytes, more than such a "
                              "file ever holds")

@@ -109,3 +109,13 @@ def test_a_full_disk_names_the_file_being_written(tmp_path: Path,
     assert caught.value.filename == str(tmp_path / "peers.json")
     assert caught.value.errno == errno.ENOSPC
     assert [p.name for p in tmp_path.iterdir()] == []  # no temp file left
+
+
+def test_a_peers_file_that_is_a_fifo_is_refused_without_waiting(tmp_path: Path) -> None:
+    """Opening a FIFO waits for a writer: a daemon re-reading its peers hung, deaf to
+    SIGTERM. It is refused at once, as any unreadable file is."""
+    import os
+
+    os.mkfifo(tmp_path / "peers.json")
+    with pytest.raises(ConfigError, match="peers.json is not a regular file"):
+        peers.load_peers(tmp_path)
