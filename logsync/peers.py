@@ -30,6 +30,14 @@ class Peer:
     # that cannot reach us (we are behind NAT) but takes pushes.
     push: bool = False
 
+    def __post_init__(self) -> None:
+        """A URL's user name and password go out as Basic authorization, which takes the
+        place of the bearer token: both together would never send the token."""
+        if self.token and urlsplit(self.url).netloc.rpartition("@")[1]:
+            raise ValidationError(
+                f"peer url={redact_url(self.url)!r} carries a user name and password, which "
+                "are sent in place of the token: give the URL without them, or no token")
+
     @property
     def key(self) -> str:
         """How state and logs name this peer: its name, else its URL without credentials."""
@@ -193,7 +201,10 @@ def _peer_from(entry: object, path: Path, index: int) -> Peer:
     push = entry.get("push", False)
     if not isinstance(push, bool):
         raise ConfigError(f"{path}: peers[{index}].push={push!r} must be true or false")
-    return Peer(url=url, name=name, token=token or None, push=push)
+    try:
+        return Peer(url=url, name=name, token=token or None, push=push)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: peers[{index}]: {exc}{named}") from None
 
 
 def save_peers(palace: Path, peers: list[Peer]) -> Path:

@@ -49,6 +49,9 @@ def test_only_url_is_required_and_a_nameless_peer_is_known_by_its_url(tmp_path: 
     ('{"peers": [{"name": "ab\\udcffcd", "url": "http://h:5"}]}',
      "is invalid: must be 1-128 printable characters of valid Unicode"),
     ('{"peers": [{"url": "http://h:5/\\udcff"}]}', "is invalid: it must be valid Unicode"),
+    ('{"peers": [{"url": "http://u:pw@h:5", "token": "t"}]}',
+     "peers[0]: peer url='http://h:5' carries a user name and password, which are sent in "
+     "place of the token"),
 ])
 def test_a_malformed_file_is_one_clear_error(tmp_path: Path, text: str, problem: str) -> None:
     (tmp_path / "peers.json").write_text(text)
@@ -63,6 +66,8 @@ def test_bad_names_and_urls_are_refused(tmp_path: Path) -> None:
         peers.add_peer(tmp_path, "x", "http://[::1", None)  # not a port problem
     with pytest.raises(ValidationError, match="the port must be a number from 1 to 65535"):
         peers.add_peer(tmp_path, "x", "http://h:99999", None)
+    with pytest.raises(ValidationError, match="carries a user name and password"):
+        peers.add_peer(tmp_path, "x", "http://u:pw@127.0.0.1:1", "tok")
     with pytest.raises(ValidationError, match="peer name='a\\\\nb' is invalid"):
         peers.add_peer(tmp_path, "a\nb", "http://x", None)
     assert not (tmp_path / "peers.json").exists()

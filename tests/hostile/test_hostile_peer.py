@@ -113,7 +113,9 @@ def exercise(case: Case, tmp: Path, *, prepare: Step | None = None,
     downstream: Victim | None = None
     started = time.monotonic()
     try:
-        run(victim_palace, "peers", "add", "hostile", url, "--token", HOSTILE_TOKEN)
+        # a URL's user name and password are its credentials (a token beside them is refused)
+        credentials = () if "@" in url else ("--token", HOSTILE_TOKEN)
+        run(victim_palace, "peers", "add", "hostile", url, *credentials)
         if "partner" in state.extra:
             run(victim_palace, "peers", "add", "partner", state.extra["partner"].url)
         sync = subprocess.Popen(
