@@ -14,6 +14,7 @@ from logsync.defaults import (
     DEFAULT_INTERVAL_S,
     DEFAULT_PORT,
     MIB,
+    MIN_INTERVAL_S,
 )
 from logsync.errors import ConfigError
 from logsync.server import is_loopback_host
@@ -51,9 +52,9 @@ class DaemonConfig:
             raise ConfigError("--tls-cert and --tls-key go together: pass both or neither")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port={self.port} is invalid: must be 0-65535")
-        if not 0 < self.interval < math.inf:
+        if not MIN_INTERVAL_S <= self.interval < math.inf:
             raise ConfigError(f"interval={self.interval} is invalid: must be a finite number "
-                              "of seconds above 0")
+                              f"of seconds, at least {MIN_INTERVAL_S}")
         if not 0 <= self.coalesce <= 1:
             raise ConfigError(f"coalescing frames over {self.coalesce} s is invalid: must be "
                               "0 (off) to 1 second")

@@ -3,6 +3,7 @@
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8742
 DEFAULT_INTERVAL_S = 15.0
+MIN_INTERVAL_S = 0.1  # below: rounds back to back (a value meant as milliseconds)
 # A notification pulls at once (a round already running remembers it and pulls again
 # when it ends, so bursts still collapse); many origins can be pulled side by side.
 DEFAULT_DEBOUNCE_S = 0.0

@@ -122,6 +122,7 @@ def test_an_empty_palace_name_is_never_the_default_palace(tmp_path: Path,
     (["serve", "--interval", "nan"], "--interval"),
     (["serve", "--interval", "inf"], "--interval"),
     (["serve", "--interval", "0"], "--interval"),
+    (["serve", "--interval", "0.001"], "0.001 is not in the range x>=0.1"),  # ms meant
     (["serve", "--commit-check-ms", "nan"], "--commit-check-ms"),
     (["serve", "--coalesce-ms", "-inf"], "--coalesce-ms"),
     (["sync", "--peer", "http://127.0.0.1:9", "--timeout", "nan"], "--timeout"),

@@ -29,6 +29,7 @@ from logsync.defaults import (
     DEFAULT_HOST,
     DEFAULT_INTERVAL_S,
     DEFAULT_PORT,
+    MIN_INTERVAL_S,
 )
 from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError
@@ -51,7 +52,7 @@ Stop it with Ctrl-C or SIGTERM: pulls stop, open event streams end, the state is
               help="Port to bind (0: any free port, printed at start).")
 @click.option("--token", envvar="LOGSYNC_TOKEN", help="Bearer token (env LOGSYNC_TOKEN); "
               "required for a non-loopback bind.")
-@click.option("--interval", type=FiniteRange(0, min_open=True),
+@click.option("--interval", type=FiniteRange(MIN_INTERVAL_S),
               default=DEFAULT_INTERVAL_S, show_default=True,
               help="Anti-entropy interval in seconds (jittered).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False),
