@@ -92,7 +92,12 @@ def test_serve_with_a_bad_tls_pair_is_one_line_without_banner(tmp_path: Path) ->
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
+    encrypted = tmp_path / "encrypted.pem"  # a terminal was asked for its passphrase
+    subprocess.run(["openssl", "pkey", "-in", str(key), "-aes128", "-passout", "pass:pw",
+                    "-out", str(encrypted)], check=True, capture_output=True, timeout=60)
     cases = {
+        (str(cert), str(encrypted)): f"TLS key {encrypted} is encrypted (it asks for a "
+                                     "passphrase)",
         (str(junk), str(key)): f"TLS certificate {junk} cannot be used: ",
         (str(cert), str(junk)): f"TLS certificate {cert} cannot be used: ",
         (str(cert), str(other_key)): f"the key {other_key} does not match it",

@@ -208,13 +208,26 @@ def listen_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket
     return sock
 
 
+class _Encrypted(Exception):
+    """The key asked for a passphrase."""
+
+
+def _no_passphrase() -> str:
+    raise _Encrypted
+
+
 def check_tls(cert: str | None, key: str | None) -> None:
     """Load the certificate and key once, so a bad pair is one sentence, not a traceback."""
     if not cert or not key:
         return
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
-        context.load_cert_chain(cert, key)
+        # a passphrase-protected key would make OpenSSL ask the terminal, without end
+        context.load_cert_chain(cert, key, password=_no_passphrase)
+    except _Encrypted:
+        raise ConfigError(f"TLS key {key} is encrypted (it asks for a passphrase), which the "
+                          "daemon cannot answer: give it an unencrypted key (`openssl pkey "
+                          f"-in {key} -out plain-key.pem`, kept private)") from None
     except ssl.SSLError as exc:
         text = str(exc.reason or (exc.args[1] if len(exc.args) > 1 else exc))
         text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", text).strip()
