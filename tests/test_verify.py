@@ -296,6 +296,17 @@ def test_a_bad_origin_is_one_sentence_and_exit_1(tmp_path: Path, value: str) -> 
     assert as_json.exit_code == 1 and "is not a replica id" in json.loads(as_json.stdout)["error"]
 
 
+def test_an_origin_the_store_does_not_hold_is_one_sentence_and_exit_1(tmp_path: Path) -> None:
+    """A well-formed id of no origin here (a typo) said 'ops 0 ... chain ok', exit 0."""
+    palace = tmp_path / "p"
+    build(palace, local=1, remote_seqs=())
+    result = verify(palace, "--origin", "rep_" + "0" * 32)
+    assert result.exit_code == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"Error: --origin rep_{'0' * 32} has no ops in this store, so "
+                           "there is nothing of it to verify (origins here: rep_"), line
+
+
 def test_the_real_command_exits_3_on_a_defect(tmp_path: Path) -> None:
     palace = tmp_path / "p"
     build(palace, local=2, remote_seqs=())

@@ -63,6 +63,12 @@ def verify(ctx: click.Context, as_json: bool, origin: str | None) -> None:
             pass  # made here, so there is nothing a writable open could have repaired
     try:
         with Store.open(palace, read_only=True) as store:
+            held = store.version_vector()
+            if origin is not None and origin not in held:  # a typo must not verify "ok"
+                known = ", ".join(sorted(held)[:3]) + (" ..." if len(held) > 3 else "")
+                raise ValidationError(f"--origin {origin} has no ops in this store, so there "
+                                      f"is nothing of it to verify (origins here: "
+                                      f"{known or 'none'})")
             report = store.audit(origin)
     except UnchainableOp as exc:  # a value no chain rule covers: the store does not verify
         message = f"the store does not verify: {exc}"
