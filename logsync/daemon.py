@@ -173,8 +173,10 @@ class Daemon:
     def _identity_changed(self) -> bool:
         """`logsync reidentify` ran on our palace (`replica.identity_moved`): serving or
         signing on as the old id would mix two identities, so the daemon stops (exit 1)
-        and its supervisor starts it again under the new one."""
-        self.identity_change = identity_moved(self.config.palace, self.store.replica_id)
+        and its supervisor starts it again under the new one. So it does when the store's
+        file was deleted or replaced (`Store.file_replaced`): it would write to the old."""
+        self.identity_change = (identity_moved(self.config.palace, self.store.replica_id)
+                                or self.store.file_replaced())
         return self.identity_change is not None
 
     def _stop_for(self, reason: str) -> None:

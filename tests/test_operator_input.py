@@ -391,6 +391,28 @@ def test_the_daemon_warns_of_skipped_vector_entries_once(
     assert "peer junk: its vector lists 4 origins" in err, err
 
 
+def test_a_daemon_whose_store_file_is_deleted_stops_saying_so(tmp_path: Path,
+                                                              palace: Path) -> None:
+    """Writes would go on into the deleted file, lost at exit: the daemon stops (exit 1)
+    with one line naming the file, and leaves no empty store where it was."""
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    daemon = subprocess.Popen([*PY, "--palace", str(palace), "serve", "--port", "0"],
+                              env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)  # serving
+        for path in palace.glob("logstream.sqlite3*"):
+            path.unlink()
+        code = daemon.wait(timeout=30)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+        _, err = daemon.communicate(timeout=30)
+    assert code == 1, err
+    assert "was deleted or replaced while it was open" in err, err
+    assert "Traceback" not in err and not (palace / "logstream.sqlite3").exists(), err
+
+
 def test_status_is_not_in_sync_with_a_peer_listing_origins_it_cannot_pull(
         tmp_path: Path, palace: Path, junk_vector_peer: tuple[str, list[str]]) -> None:
     """The peer holds ops this replica cannot pull: `status` says so and exits 3, never

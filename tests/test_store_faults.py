@@ -239,3 +239,47 @@ def test_health_names_files_made_immutable_mid_run_and_recovers(tmp_path: Path) 
         assert store.counts()["events"] == 3
     finally:
         store.close()
+
+
+def test_a_store_file_deleted_under_an_open_store_is_named_and_never_made_again(
+        tmp_path: Path) -> None:
+    """`rm logstream.sqlite3*` under a running daemon: a reader opened in a new thread made
+    an empty, table-less store there (the CLI then advised `logsync init`), while writes
+    went on to the deleted file. Now the open store says what happened, and no later
+    connection creates a file."""
+    import threading
+
+    store = Store.open(tmp_path / "p")
+    try:
+        store.append_event("note", "s", "r", "a@b", body="x")
+        assert store.file_replaced() is None and store.health_problem() is None
+        for path in (tmp_path / "p").glob(DB_FILENAME + "*"):
+            path.unlink()
+        sentence = store.file_replaced()
+        assert sentence is not None and "was deleted or replaced while it was open" in sentence
+        assert store.health_problem() == sentence
+        failures: list[BaseException] = []
+
+        def read() -> None:  # a thread of its own: a new reader connection
+            try:
+                store.version_vector()
+            except BaseException as exc:  # noqa: BLE001 - what the thread saw
+                failures.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join(timeout=30)
+        assert len(failures) == 1 and isinstance(failures[0], StoreError), failures
+        assert not (tmp_path / "p" / DB_FILENAME).exists()
+    finally:
+        store.close()
+
+
+def test_a_store_file_replaced_under_an_open_store_is_named(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "p")
+    try:
+        shutil.copy(store.db_path, tmp_path / "copy")
+        os.replace(tmp_path / "copy", store.db_path)
+        assert "was deleted or replaced" in (store.file_replaced() or "")
+    finally:
+        store.close()

@@ -120,6 +120,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         )
         try:
             self._writer = self._connect()
+            self._file_id = _file_id(self.db_path)  # the file every connection opens
             if not read_only:
                 self._writer.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
             if read_only:
@@ -252,9 +253,13 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         if self.read_only:
             conn = self._connect_read_only()
         else:
+            # only the first connection may create the file: a later one (a reader in a new
+            # thread) would make an empty store where the file was deleted under us
+            target = self.db_path if getattr(self, "_file_id", None) is None \
+                else f"{self.db_path.resolve().as_uri()}?mode=rw"
             conn = sqlite3.connect(
-                self.db_path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                check_same_thread=False,
+                target, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                check_same_thread=False, uri=not isinstance(target, Path),
             )
             conn.row_factory = sqlite3.Row
             try:
@@ -305,11 +310,22 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         detail = " ".join(verdict.replace("*** in database main ***", "").split())
         return corrupt_sentence(self.db_path, detail[:120])
 
+    def file_replaced(self) -> str | None:
+        """One sentence when the store's file was deleted or replaced since the open
+        (every write since went to the old file, which nothing will read), else None."""
+        if self._file_id is None or _file_id(self.db_path) == self._file_id:
+            return None
+        return (f"the store file {self.db_path} was deleted or replaced while it was open: "
+                "what was written since went to the old file; open the palace again")
+
     def health_problem(self) -> str | None:
         """A cheap check for a faulted store: one small durable write, free space, and
         ``quick_check(1)``. One sentence naming the problem, or None when healthy."""
         if self.read_only:
             return f"the store {self.db_path} is open read-only"
+        replaced = self.file_replaced()
+        if replaced is not None:
+            return replaced
         try:
             with self._atomic(durable=True) as conn:
                 conn.execute(HEALTH_UPSERT, (datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),))
@@ -438,3 +454,12 @@ def _read_key_if_readable(palace: Path) -> SigningKey | None:
 
 
 # ── argument checks ───────────────────────────────────────────────────
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path`; None when there is none."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
