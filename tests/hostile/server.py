@@ -13,6 +13,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from urllib.parse import parse_qsl, urlsplit
 
 from logsync.hostile import Answer, Scene, Stream
@@ -31,6 +32,10 @@ class HostileServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # every accepted connection's transport, closed at the stop even if its task never
+        # ran (a connection accepted as the server closed: cancelled before its first step,
+        # its `finally` never aborts it, and the socket was collected in a later test)
+        self._transports: weakref.WeakSet[asyncio.BaseTransport] = weakref.WeakSet()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._lock = threading.Lock()
@@ -75,8 +80,8 @@ class HostileServer:
 
     async def _serve(self) -> None:
         self._stopped = asyncio.Event()
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0,
-                                                  limit=MAX_HEADER_BYTES)
+        self._server = await asyncio.get_running_loop().create_server(
+            self._protocol, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         await self._stopped.wait()
@@ -91,8 +96,23 @@ class HostileServer:
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=STOP_TIMEOUT_S / 2)
+        for transport in list(self._transports):
+            transport.abort()
         for _ in range(3):  # an aborted transport closes its socket on a later turn
             await asyncio.sleep(0)
+
+    def _protocol(self) -> asyncio.Protocol:
+        """`asyncio.start_server`'s protocol, noting each connection's transport."""
+        protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=MAX_HEADER_BYTES),
+                                                self._accept)
+        made = protocol.connection_made
+
+        def connection_made(transport: asyncio.BaseTransport) -> None:
+            self._transports.add(transport)
+            made(transport)
+
+        protocol.connection_made = connection_made  # type: ignore[method-assign]
+        return protocol
 
     def _shutdown(self) -> None:
         self._stopped.set()
