@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logsync.chaos.netns import ChaosError
+from logsync.listener import Listener
 
 CHUNK = 65536
 CONNECT_TIMEOUT_S = 5.0
@@ -111,8 +112,7 @@ class Link:
     resets: int = 0
     stalls: int = 0
     bytes: int = 0
-    server: asyncio.Server | None = None
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    listener: Listener | None = None
 
 
 class ProxyHub:
@@ -161,15 +161,10 @@ class ProxyHub:
         self._thread = None
 
     async def _close_all(self) -> None:
-        for link in self.links.values():
-            if link.server is not None:
-                link.server.close()
-            for task in list(link.tasks):
-                task.cancel()
-        tasks = [t for link in self.links.values() for t in link.tasks]
-        if tasks:
-            await asyncio.wait(tasks, timeout=CONTROL_TIMEOUT_S / 2)
-        for _ in range(3):  # a closed transport closes its socket on a later turn of the loop
+        links = [link.listener for link in self.links.values() if link.listener is not None]
+        for listener in links:
+            await listener.stop(CONTROL_TIMEOUT_S / 2 / len(links))
+        for _ in range(3):  # a closed upstream transport closes its socket on a later turn
             await asyncio.sleep(0)
 
     # ── control ──
@@ -186,16 +181,10 @@ class ProxyHub:
         link.opened.set()
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            link.tasks.add(task)
-            try:
-                await self._serve(link, reader, writer)
-            finally:
-                link.tasks.discard(task)
+            await self._serve(link, reader, writer)
 
-        link.server = await asyncio.start_server(handle, listen_host, 0)
-        link.port = int(link.server.sockets[0].getsockname()[1])
+        link.listener = Listener(handle)
+        link.port = await link.listener.start(listen_host)
         self.links[name] = link
         return link.port
 

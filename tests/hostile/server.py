@@ -8,7 +8,6 @@ decided by `logsync.hostile.Scene.answer`; this module only does the socket work
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import struct
 import threading
@@ -16,6 +15,7 @@ import time
 from urllib.parse import parse_qsl, urlsplit
 
 from logsync.hostile import Answer, Scene, Stream
+from logsync.listener import Listener
 
 STOP_TIMEOUT_S = 10.0
 MAX_HEADER_BYTES = 64 * 1024
@@ -29,11 +29,6 @@ class HostileServer:
         self.requests: list[tuple[float, str, dict[str, str]]] = []
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.base_events.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        # every connection's transport until its connection is lost, closed at the stop
-        # even if its handler never ran (see `_quiesce`)
-        self._open: set[asyncio.BaseTransport] = set()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._lock = threading.Lock()
@@ -78,78 +73,22 @@ class HostileServer:
 
     async def _serve(self) -> None:
         self._stopped = asyncio.Event()
-        self._server = await asyncio.get_running_loop().create_server(
-            self._protocol, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
+        listener = Listener(self._accept, limit=MAX_HEADER_BYTES)
+        self.port = await listener.start("127.0.0.1")
         self._ready.set()
         await self._stopped.wait()
-        # Stop accepting first and close the server only when every accepted connection
-        # is set up and closed: on Python 3.11 a connection accepted just before
-        # `Server.close()` fails its transport's `server._attach()` assertion, and that
-        # exception is swallowed with the socket still open (collected, with a
-        # ResourceWarning, in some later test).
-        loop = asyncio.get_running_loop()
-        for sock in self._server.sockets:
-            loop.remove_reader(sock.fileno())
-        await self._quiesce(loop.time() + STOP_TIMEOUT_S / 2)
-        self._server.close()
-
-    async def _quiesce(self, deadline: float) -> None:
-        """Close every connection until none is open and no task but this one is left.
-
-        Connections accepted last are still being set up in tasks of their own (a
-        transport first, its protocol's `connection_made` a turn later, the handler a turn
-        after that), so one pass of closing misses them.
-        """
-        loop, me = asyncio.get_running_loop(), asyncio.current_task()
-        while True:
-            for task in list(self._tasks):
-                task.cancel()
-            for transport in list(self._open):
-                transport.abort()  # its socket closes on a later turn (connection_lost)
-            await asyncio.sleep(0)
-            busy = [t for t in asyncio.all_tasks() if t is not me]
-            if (not busy and not self._open) or loop.time() > deadline:
-                return
-            await asyncio.sleep(0.001)
-
-    def _protocol(self) -> asyncio.Protocol:
-        """`asyncio.start_server`'s protocol, noting each connection while it is open."""
-        protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=MAX_HEADER_BYTES),
-                                                self._accept)
-        made, lost = protocol.connection_made, protocol.connection_lost
-        mine: list[asyncio.BaseTransport] = []
-
-        def connection_made(transport: asyncio.BaseTransport) -> None:
-            mine.append(transport)
-            self._open.add(transport)
-            made(transport)
-
-        def connection_lost(exc: Exception | None) -> None:
-            for transport in mine:
-                self._open.discard(transport)
-            lost(exc)
-
-        protocol.connection_made = connection_made  # type: ignore[method-assign]
-        protocol.connection_lost = connection_lost  # type: ignore[method-assign]
-        return protocol
+        await listener.stop(STOP_TIMEOUT_S / 2)
 
     def _shutdown(self) -> None:
         self._stopped.set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
         try:
             await self._connection(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 ValueError, OSError):
             pass
-        except asyncio.CancelledError:
-            pass
         finally:
-            self._tasks.discard(task)
             writer.transport.abort()
 
     async def _connection(self, reader: asyncio.StreamReader,
