@@ -20,6 +20,7 @@ from typing import Any
 from logsync import hlc
 from logsync.errors import ValidationError, shorten
 from logsync.ids import is_replica_id
+from logsync.text import is_unicode
 
 MAX_BODY_BYTES = 256 * 1024
 MAX_ARTIFACT_BYTES = 4 * 1024 * 1024
@@ -93,7 +94,7 @@ def routing(field: str, value: object, *, required: bool) -> str | None:
         raise _fail(field, value, f"must be at most {MAX_ROUTING_CHARS} characters")
     if _CONTROL_RE.search(value):
         raise _fail(field, value, "must not contain control characters")
-    if _has_lone_surrogate(value):
+    if not is_unicode(value):
         raise _fail(field, value, "must be valid Unicode (no lone surrogates)")
     return value
 
@@ -344,13 +345,5 @@ def _utf8_len(value: str, field: str) -> int:
         return len(value.encode("utf-8"))
     except UnicodeEncodeError:
         raise _fail(field, value, "must be valid Unicode (no lone surrogates)") from None
-
-
-def _has_lone_surrogate(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from logsync.errors import ConfigError, NotFoundError, ValidationError, shorten
 from logsync.files import UnreadableJSON, make_private_dir, read_json, write_atomic
+from logsync.text import is_unicode
 
 PEERS_FILENAME = "peers.json"
 
@@ -66,7 +67,7 @@ def check_url(url: object) -> str:
         # stored and later requested
         raise ValidationError(f"peer url={shown!r} is invalid: it must not contain spaces "
                               "or control characters")
-    if any(0xD800 <= ord(c) <= 0xDFFF for c in url):  # undecodable bytes, as Python keeps them
+    if not is_unicode(url):
         raise ValidationError(f"peer url={shorten(shown)} is invalid: it must be valid Unicode")
     try:
         parts = urlsplit(url.strip())
@@ -147,9 +148,8 @@ def check_token(token: object, what: str = "token") -> str | None:
 
 
 def check_name(name: object) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > 128 or any(
-        ord(c) < 0x20 or 0xD800 <= ord(c) <= 0xDFFF for c in name
-    ):
+    if not isinstance(name, str) or not name.strip() or len(name) > 128 \
+            or any(ord(c) < 0x20 for c in name) or not is_unicode(name):
         raise ValidationError(
             f"peer name={shorten(name)} is invalid: must be 1-128 printable characters "
             "of valid Unicode"

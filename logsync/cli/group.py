@@ -14,6 +14,7 @@ import click
 from logsync import __version__
 from logsync.cli._common import remember_create
 from logsync.errors import shorten
+from logsync.text import is_unicode
 
 # Which modules define (or add subcommands to) each command. A command's modules are
 # imported when it is named, all of them for the group's help: `logsync sync` does not
@@ -119,9 +120,7 @@ def not_utf8(argv: list[str], environ: Mapping[str, str]) -> str | None:
     named += [(f"environment variable {key}=", value) for key, value in sorted(environ.items())
               if key.startswith("LOGSYNC_")]
     for what, text in named:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
+        if not is_unicode(text):
             raw = os.fsencode(text)
             return f"{what}{shorten(raw, 80)} is not valid UTF-8: logsync takes UTF-8 text"
     return None
