@@ -20,6 +20,7 @@ from logsync.files import UnreadableJSON, make_private_dir, read_json, write_ato
 from logsync.text import is_unicode
 
 PEERS_FILENAME = "peers.json"
+MAX_URL_CHARS = 2048  # what common servers and proxies take in a request line
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Peer:
         place of the bearer token: both together would never send the token."""
         if self.token and urlsplit(self.url).netloc.rpartition("@")[1]:
             raise ValidationError(
-                f"peer url={redact_url(self.url)!r} carries a user name and password, which "
+                f"peer url={shorten(redact_url(self.url))} carries a user name and password, which "
                 "are sent in place of the token: give the URL without them, or no token")
 
     @property
@@ -60,34 +61,42 @@ def check_url(url: object) -> str:
     """An http(s) URL with a host and, if given, a port 1-65535; the trailing slash dropped.
     The one rule for a peer's URL: `peers add`, peers.json, `--peer` and `PeerClient`."""
     if not isinstance(url, str) or not url.strip():
-        raise ValidationError(f"peer url={url!r} is invalid: must be an http:// or https:// URL")
-    shown = redact_url(url.strip())
+        raise ValidationError(f"peer url={shorten(url, 200)} is invalid: must be an http:// or "
+                              "https:// URL")
+    shown = shorten(redact_url(url.strip()), 200)
+    if len(url) > MAX_URL_CHARS:
+        raise ValidationError(f"peer url={shown} is invalid: it is {len(url)} characters "
+                              f"long, the most a peer's URL may be is {MAX_URL_CHARS}")
     if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url.strip()):
         # urlsplit drops tabs and newlines silently: the URL checked would not be the one
         # stored and later requested
-        raise ValidationError(f"peer url={shown!r} is invalid: it must not contain spaces "
+        raise ValidationError(f"peer url={shown} is invalid: it must not contain spaces "
                               "or control characters")
     if not is_unicode(url):
-        raise ValidationError(f"peer url={shorten(shown)} is invalid: it must be valid Unicode")
+        raise ValidationError(f"peer url={shown} is invalid: it must be valid Unicode")
     try:
         parts = urlsplit(url.strip())
         port = parts.port
     except ValueError as exc:  # a bad port, or a bracketed host that does not close
         rule = "the port must be a number from 1 to 65535" if "port" in str(exc).lower() \
             else f"it is not a URL ({exc})"
-        raise ValidationError(f"peer url={shown!r} is invalid: {rule}") from None
+        raise ValidationError(f"peer url={shown} is invalid: {rule}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValidationError(
-            f"peer url={shown!r} is invalid: must be an http:// or https:// URL with a host"
+            f"peer url={shown} is invalid: must be an http:// or https:// URL with a host"
         )
+    if not _host_name_ok(parts.hostname):
+        raise ValidationError(
+            f"peer url={shown} is invalid: its host name must be at most 253 characters, "
+            "in labels of at most 63")
     if port is not None and not 1 <= port <= 65535:
         raise ValidationError(
-            f"peer url={shown!r} is invalid: the port must be a number from 1 to 65535"
+            f"peer url={shown} is invalid: the port must be a number from 1 to 65535"
         )
     if parts.query or parts.fragment:
         # The request paths are joined onto the URL: a query would swallow them.
         raise ValidationError(
-            f"peer url={shown!r} is invalid: it must not carry a query or fragment "
+            f"peer url={shown} is invalid: it must not carry a query or fragment "
             "(pass a token with --token)"
         )
     import httpx  # here, not at import: most commands never check a URL
@@ -95,8 +104,13 @@ def check_url(url: object) -> str:
     try:  # what the HTTP client cannot request (an IDNA-invalid host) is refused here too
         httpx.URL(url.strip())
     except httpx.InvalidURL as exc:
-        raise ValidationError(f"peer url={shown!r} is invalid: {exc}") from None
+        raise ValidationError(f"peer url={shown} is invalid: {exc}") from None
     return url.strip().rstrip("/")
+
+
+def _host_name_ok(host: str) -> bool:
+    """DNS's bounds (RFC 1035): what a resolver would refuse only at the first request."""
+    return len(host) <= 253 and all(len(label) <= 63 for label in host.split("."))
 
 
 SECRET_QUERY_NAMES = ("token", "key", "secret", "password", "passwd", "auth", "sig", "cred")
@@ -179,7 +193,7 @@ def load_peers(palace: Path) -> list[Peer]:
         if first.setdefault(peer.key, index) != index:
             raise ConfigError(
                 f"{path}: peers[{first[peer.key]}] and peers[{index}] are both "
-                f"{peer.key!r}: each peer needs a name of its own; edit the file to rename "
+                f"{shorten(peer.key)}: each peer needs a name of its own; edit the file to rename "
                 "or drop one")
     return peers
 
@@ -188,7 +202,7 @@ def _peer_from(entry: object, path: Path, index: int) -> Peer:
     if not isinstance(entry, dict):
         raise ConfigError(f"{path}: peers[{index}] must be an object with a 'url'")
     raw_name = entry.get("name")
-    named = f" (peer {raw_name!r})" if isinstance(raw_name, str) and raw_name else ""
+    named = f" (peer {shorten(raw_name)})" if isinstance(raw_name, str) and raw_name else ""
     try:
         url = check_url(entry.get("url"))
         name = check_name(raw_name) if raw_name not in (None, "") else None
@@ -200,7 +214,7 @@ def _peer_from(entry: object, path: Path, index: int) -> Peer:
         raise ConfigError(f"{path}: {exc}{named}") from None
     push = entry.get("push", False)
     if not isinstance(push, bool):
-        raise ConfigError(f"{path}: peers[{index}].push={push!r} must be true or false")
+        raise ConfigError(f"{path}: peers[{index}].push={shorten(push)} must be true or false")
     try:
         return Peer(url=url, name=name, token=token or None, push=push)
     except ValidationError as exc:
@@ -228,7 +242,7 @@ def remove_peer(palace: Path, name_or_url: str) -> Peer:
     peers = load_peers(palace)
     keep = [p for p in peers if name_or_url not in (p.name, p.url)]
     if len(keep) == len(peers):
-        raise NotFoundError(f"no peer named {name_or_url!r} in {peers_path(palace)}")
+        raise NotFoundError(f"no peer named {shorten(name_or_url)} in {peers_path(palace)}")
     save_peers(palace, keep)
     return next(p for p in peers if name_or_url in (p.name, p.url))
 

@@ -73,6 +73,31 @@ def test_bad_names_and_urls_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "peers.json").exists()
 
 
+@pytest.mark.parametrize(("url", "rule"), [
+    ("http://" + "a" * 5000 + ".com", "it is 5011 characters long, the most a peer's URL may "
+                                      "be is 2048"),
+    ("http://" + "a" * 64 + ".example", "its host name must be at most 253 characters, in "
+                                        "labels of at most 63"),
+    ("http://" + ".".join(["a" * 60] * 5), "its host name must be at most 253 characters"),
+])
+def test_a_url_past_what_dns_or_servers_take_is_refused_shortened(tmp_path: Path, url: str,
+                                                                  rule: str) -> None:
+    """It was stored, and every later request failed at the resolver; the refusal shows
+    the URL cut to one line."""
+    with pytest.raises(ValidationError) as refused:
+        peers.add_peer(tmp_path, "far", url, None)
+    assert rule in str(refused.value) and len(str(refused.value)) < 400
+    assert not (tmp_path / "peers.json").exists()
+    assert peers.check_url("http://" + ".".join(["a" * 63] * 3) + ":80")  # at the bounds
+
+
+def test_a_peer_not_found_is_named_shortened(tmp_path: Path) -> None:
+    peers.add_peer(tmp_path, "desk", "http://127.0.0.1:9", None)
+    with pytest.raises(NotFoundError) as missing:
+        peers.remove_peer(tmp_path, "x" * 100_000)
+    assert len(str(missing.value)) < 300
+
+
 def test_the_cli_never_prints_tokens(tmp_path: Path) -> None:
     runner = CliRunner()
     base = ["--palace", str(tmp_path)]
