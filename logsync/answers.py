@@ -82,7 +82,8 @@ def decode_answer(content_type: str, body: bytes | bytearray, where: str, peer: 
             peer=peer,
         ) from None
     raise PeerProtocolError(
-        f"{where} answered Content-Type {ctype!r}; expected application/json or {MSGPACK_TYPE}",
+        f"{where} answered Content-Type {shorten(ctype)}; expected application/json or "
+        f"{MSGPACK_TYPE}",
         peer=peer,
     )
 

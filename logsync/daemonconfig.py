@@ -16,7 +16,7 @@ from logsync.defaults import (
     MIB,
     MIN_INTERVAL_S,
 )
-from logsync.errors import ConfigError
+from logsync.errors import ConfigError, shorten
 from logsync.server import is_loopback_host
 from logsync.server.commits import COMMIT_CHECK_S
 
@@ -45,7 +45,7 @@ class DaemonConfig:
         """Refuse settings that would expose the log or half-configure TLS."""
         if not is_loopback_host(self.host) and not self.token:
             raise ConfigError(
-                f"refusing to bind {self.host!r} without a token: a non-loopback bind "
+                f"refusing to bind {shorten(self.host)} without a token: a non-loopback bind "
                 "exposes every event and artifact; pass --token (or LOGSYNC_TOKEN)"
             )
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from logsync.errors import ReplicaIdentityError
+from logsync.errors import ReplicaIdentityError, shorten
 from logsync.files import UnreadableJSON, read_json, write_atomic, write_exclusive
 from logsync.ids import REPLICA_ID_RE, is_replica_id
 from logsync.keyfile import load_or_mint_signing_key
@@ -70,7 +70,7 @@ def read_replica_id(palace: Path, *, finish: bool = True) -> str | None:
     replica_id = data["replica_id"]
     if not is_replica_id(replica_id):
         raise ReplicaIdentityError(
-            f"{path} holds replica_id={replica_id!r}, which is not 'rep_' followed by 12 or "
+            f"{path} holds replica_id={shorten(replica_id)}, which is not 'rep_' followed by 12 or "
             "32 lowercase hex digits; refusing to mint a second identity"
         )
     if finish:

@@ -241,7 +241,7 @@ def skipped_sentence(skipped: Mapping[str, str]) -> str | None:
     rest = " and the rest" if over else f" and {len(named) - 1} more" if len(named) > 1 \
         else ""
     return (f"its vector lists {count} origin{'s' if count != '1' else ''} this "
-            f"replica cannot pull, skipped: {origin!r} ({reason}){rest}")
+            f"replica cannot pull, skipped: {shorten(origin)} ({reason}){rest}")
 
 
 def parse_vector_answer(answer: object, peer: str) -> PeerVector:

@@ -77,7 +77,7 @@ class FiniteRange(click.FloatRange):
                 ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
+            self.fail(f"{shorten(value)} is not a finite number", param, ctx)
         return number
 
 
