@@ -168,8 +168,21 @@ async def test_unknown_route_is_404_json_and_wrong_method_405(store: Store) -> N
     assert missing.json()["reason"].startswith("no route '/sync/nope'; routes are /healthz, ")
     assert missing.json()["error"] == "not_found"  # not an upstream route: coded
     assert wrong.status_code == 405
-    assert set(wrong.headers["allow"].split(", ")) == {"GET", "HEAD"}
+    assert wrong.headers["allow"] == "GET, HEAD"  # as RFC 004 §7 writes it, every process
     assert wrong.json() == {"error": "method POST is not allowed on /sync/ops; use GET"}
+
+
+@pytest.mark.anyio
+async def test_logsync_errors_sent_on_two_header_lines_counts_as_one_list(store: Store) -> None:
+    """Repeated lines mean their values joined with commas (RFC 9110 §5.3): a client or
+    proxy that splits the header still gets coded errors."""
+    async with client(create_app(store, token=TOKEN), **AUTH) as c:
+        split = await c.get("/sync/ops", params={"origin": store.replica_id, "after": "x"},
+                            headers=[("Logsync-Errors", "foo"), ("Logsync-Errors", "codes")])
+        plain = await c.get("/sync/ops", params={"origin": store.replica_id, "after": "x"})
+    assert split.status_code == plain.status_code == 400
+    assert split.json()["error"] == "bad_request" and "reason" in split.json()
+    assert set(plain.json()) == {"error"}  # upstream's shape without the header
 
 
 @pytest.mark.anyio

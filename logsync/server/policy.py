@@ -102,7 +102,8 @@ class _Guard:
             await send(message)
 
         headers = Headers(scope=scope)
-        if wants_upstream_shape(path, headers.get(ERRORS_HEADER)):
+        # repeated header lines mean their values joined with commas (RFC 9110 §5.3)
+        if wants_upstream_shape(path, ",".join(headers.getlist(ERRORS_HEADER))):
             counted = _upstream_errors(counted)
         refusal = self._refusal(path, headers)
         if refusal is None and path not in OWN_BODY_ROUTES:
@@ -248,15 +249,25 @@ def _host_allowed(host: str, allowed: frozenset[str], port: int | None) -> bool:
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    headers = exc.headers
     if exc.status_code == 405:
-        allow = (exc.headers or {}).get("Allow", "GET").split(", ")
+        allow = _method_order((exc.headers or {}).get("Allow", "GET"))
+        headers = {**(exc.headers or {}), "Allow": ", ".join(allow)}
         allowed = " or ".join(m for m in allow if m != "HEAD") or "GET"
         message = f"method {request.method} is not allowed on {request.url.path}; use {allowed}"
     elif exc.status_code == 404:
         message = f"no route {shorten(request.url.path)}; routes are {', '.join(ROUTES)}"
     else:
         message = str(exc.detail)
-    return _error(exc.status_code, message, exc.headers)
+    return _error(exc.status_code, message, headers)
+
+
+def _method_order(allow: str) -> list[str]:
+    """The router's `Allow` (from a set: its order varies between processes) in the
+    order RFC 004 writes it, `GET, HEAD`, then any other method by name."""
+    methods = {m.strip().upper() for m in allow.split(",") if m.strip()}
+    known = [m for m in ("GET", "HEAD", "POST") if m in methods]
+    return known + sorted(methods - set(known))
 
 
 async def _bad_input(request: Request, exc: Exception) -> Response:
