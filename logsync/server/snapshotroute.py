@@ -6,8 +6,8 @@ thread) and shared by every request while the vector is unchanged; at most
 `snapshot.transfer_behind` on what it was sent, or the connection is cut (the server's
 write-stall limit, `limits.WRITE_STALL_S`, already cuts a client that reads nothing).
 
-A joiner that sends `Accept-Encoding: zstd` gets the body as two zstd frames: its
-preamble's, then the copy's, compressed once when the copy was made (`making`): a
+A joiner that sends `Accept-Encoding: zstd` gets the body as one zstd frame, preamble
+and copy, compressed once when the copy was made (`making`): a
 store's text shrinks several times over, so a joiner behind a real network waits for far
 fewer bytes, and even on loopback the bytes both HTTP stacks handle shrink. Anyone else,
 or every joiner when the copy has no frame, gets the file as it is.
@@ -53,7 +53,7 @@ async def sync_snapshot(request: Request) -> Response:
         return _error(501, "this server's store cannot be copied as a snapshot")
     zstd = made.zstd_path is not None and accepts_zstd(
         ",".join(request.headers.getlist("accept-encoding")))
-    first = made.zstd_preamble() if zstd else made.preamble()
+    first = b"" if zstd else made.preamble()  # the frame holds the preamble
     try:  # held open: a replaced copy stays readable
         handle = (made.zstd_path if zstd and made.zstd_path else made.path).open("rb")
     except OSError as exc:
@@ -165,11 +165,12 @@ def _release(state: _State, handle: BinaryIO) -> None:
 
 async def _body(handle: BinaryIO, first: bytes, started: float,
                 file_per_byte: float) -> AsyncIterator[bytes]:
-    """The preamble (or its frame), then the file (or its frame) a chunk at a time, each
-    read on a worker thread; cut off when the joiner falls behind `transfer_behind`,
-    counted in bytes of the file as the joiner counts them (`file_per_byte`: of the file
-    per byte sent, above 1 for its zstd frame)."""
-    yield first
+    """The preamble (none before a zstd frame, which holds it), then the file (or the
+    frame) a chunk at a time, each read on a worker thread; cut off when the joiner falls
+    behind `transfer_behind`, counted in bytes of the file as the joiner counts them
+    (`file_per_byte`: of the file per byte sent, above 1 for its zstd frame)."""
+    if first:
+        yield first
     sent = 0
     while True:
         if transfer_behind(started, int(sent * file_per_byte), time.monotonic()):

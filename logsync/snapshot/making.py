@@ -11,11 +11,10 @@ full copy. At most one copy, removed when a newer copy replaces it and at close.
 stream already reading a replaced file keeps its open descriptor, so replacing never cuts
 a download short.
 
-The pass that hashes the copy also compresses it into a zstd frame beside it (level 1, a
-window a joiner accepts): every joiner that asks for zstd is sent that frame after a
-small frame of its own preamble (frames in sequence decode as one body), so a copy is
-compressed once, not once per download. A copy whose frame could not be written (a full
-disk) is served as it is.
+Once hashed, the copy is compressed behind its preamble into one zstd frame beside it
+(level 1, a window a joiner accepts): every joiner that asks for zstd is sent that frame,
+so a copy is compressed once, not once per download. A copy whose frame could not be
+written (a full disk) is served as it is.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,16 +60,12 @@ class SnapshotFile:
     sha256: str
     replica_id: str
     made_at: float = field(default_factory=time.monotonic)
-    zstd_path: Path | None = None  # the copy as one zstd frame (None: could not be made)
+    zstd_path: Path | None = None  # preamble and copy as one zstd frame (None: not made)
 
     def preamble(self) -> bytes:
         return json_bytes({"format": SNAPSHOT_FORMAT, "replica_id": self.replica_id,
                            "vector": self.vector, "size": self.size,
                            "sha256": self.sha256}) + b"\n"
-
-    def zstd_preamble(self) -> bytes:
-        """The preamble as a zstd frame of its own, sent before `zstd_path`'s."""
-        return compressor(len(self.preamble())).compress(self.preamble())
 
     def remove(self) -> None:
         for path in (self.path, self.zstd_path):
@@ -162,7 +157,9 @@ def make_copy(db_path: Path, replica_id: str) -> SnapshotFile:
                 "WHERE origin_replica IS NOT NULL GROUP BY origin_replica")}
         finally:
             target.close()
-        size, digest, packed = digest_and_compress(path)
+        size, digest, packed = digest_and_compress(
+            path, head=lambda size, digest: SnapshotFile(path, vector, size, digest,
+                                                         replica_id).preamble())
     except BaseException:
         with contextlib.suppress(OSError):
             path.unlink()
@@ -201,23 +198,34 @@ def scrub(conn: sqlite3.Connection, replica_id: str) -> None:
     conn.execute("COMMIT")
 
 
-def digest_and_compress(path: Path, *, compress: bool = True) -> tuple[int, str, Path | None]:
-    """(size, SHA-256 hex, the file as one zstd frame beside it) in one read of the file.
-    The frame is None when it cannot be written (it is an optimisation: the copy is served
-    as it is); a failure to read the file itself raises."""
+def digest_and_compress(path: Path, *, head: Callable[[int, str], bytes] | None = None,
+                        compress: bool = True) -> tuple[int, str, Path | None]:
+    """(size, SHA-256 hex, `head(size, sha256)` and the file as one zstd frame beside it).
+
+    One frame, not the preamble's and the copy's apart: a Zstandard body may hold several
+    (RFC 8878 §3.1), but common HTTP clients decode only the first (httpx 0.28 fails on
+    the second). The preamble names the hash, so the file is read twice: hashed, then
+    compressed behind it. The frame is None when it cannot be written (it is an
+    optimisation: the copy is served as it is); a failure to read the file raises."""
     digest, size = hashlib.sha256(), 0
-    packed = _Packed(path, path.stat().st_size) if compress else None
+    with path.open("rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    if not compress:
+        return size, digest.hexdigest(), None
+    prefix = head(size, digest.hexdigest()) if head is not None else b""
+    packed = _Packed(path, len(prefix) + size)
     try:
+        packed.write(prefix)
+        done = len(prefix)
         with path.open("rb") as handle:
             while chunk := handle.read(HASH_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                if packed is not None:
-                    packed.write(chunk)
-        return size, digest.hexdigest(), packed.finish(size) if packed is not None else None
+                packed.write(chunk)
+                done += len(chunk)
+        return size, digest.hexdigest(), packed.finish(done)
     except BaseException:
-        if packed is not None:
-            packed.discard()
+        packed.discard()
         raise
 
 
@@ -232,7 +240,7 @@ def compressor(size: int) -> Any:
 
 
 class _Packed:
-    """The zstd frame of a copy, written as the copy is read; on a write failure it
+    """One zstd frame of `size` bytes, written as they are read; on a write failure it
     stops, logs once and yields None."""
 
     def __init__(self, copy: Path, size: int) -> None:
