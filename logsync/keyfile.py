@@ -55,7 +55,7 @@ def read_signing_key(palace: Path) -> SigningKey | None:
     if len(data) > _MAX_FILE_BYTES or not _SEED_RE.fullmatch(seed):
         raise KeyFileError(
             f"the signing key {path} is corrupt (expected 64 lowercase hex digits); refusing "
-            "to mint a second key for this palace: restore the file or delete it explicitly"
+            "to mint a second key for this palace: restore the file"
         )
     return SigningKey(bytes.fromhex(seed.decode("ascii")))
 

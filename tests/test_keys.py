@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
 from logsync import responder
-from logsync.errors import KeyFileError, ReplicaIdentityError, StoreError, ValidationError
+from logsync.errors import KeyFileError, ReplicaIdentityError, ValidationError
 from logsync.keyfile import load_or_mint_signing_key, read_signing_key
 from logsync.keys import (
     KEY_FILENAME,
@@ -218,8 +218,11 @@ def test_a_read_only_open_reads_the_key_and_writes_nothing(tmp_path: Path) -> No
     assert not (tmp_path / KEY_FILENAME).exists()
     (tmp_path / KEY_FILENAME).write_text("not a seed\n")
     (tmp_path / KEY_FILENAME).chmod(0o600)
-    with pytest.raises(StoreError, match="is corrupt"):  # readable but corrupt: said so
-        Store.open(tmp_path, read_only=True)
+    with Store.open(tmp_path, read_only=True) as store:  # reads need no key: said, not refused
+        assert store.signing_key is None and store.public_key == key
+        assert store.key_problem is not None and "is corrupt" in store.key_problem
+    with pytest.raises(KeyFileError, match="is corrupt.*logsync reidentify --yes"):
+        Store.open(tmp_path)  # a write would sign on with no key of ours
 
 
 # ── signatures ────────────────────────────────────────────────────────

@@ -222,6 +222,37 @@ def test_a_lost_key_file_is_refused_without_minting_another(tmp_path: Path,
     assert not (palace / "logsync-signing-key").exists()  # no second key left behind
 
 
+@pytest.mark.parametrize("damage", ["lost", "corrupt", "exposed"])
+def test_a_palace_whose_key_is_lost_or_damaged_is_read_and_reidentified(
+        tmp_path: Path, palace: Path, damage: str) -> None:
+    """Reads need no key: they go on, warning. Writes are refused naming both ways on, and
+    `reidentify --yes` is one of them (it refused too: no way forward without a backup of
+    a 65-byte file; the old ops keep their origin and their signatures)."""
+    base = ["--palace", str(palace)]
+    append = [*base, "append", "--type", "a.b", "--stream", "s", "--room", "r",
+              "--from-agent", "a@b"]
+    assert logsync(tmp_path, *append).returncode == 0
+    key = palace / "logsync-signing-key"
+    if damage == "lost":
+        key.unlink()
+    elif damage == "corrupt":
+        key.write_text("0123\n")
+    else:
+        key.chmod(0o644)
+    for read in (["list"], ["info"], ["verify"]):
+        done = logsync(tmp_path, *base, *read)
+        assert done.returncode == 0, (read, done.stderr)
+        assert (b"Warning:" in done.stderr) == (damage != "lost"), (read, done.stderr)
+    one_sentence(logsync(tmp_path, *append), "logsync reidentify --yes")
+    done = logsync(tmp_path, *base, "reidentify", "--yes", "--json")
+    assert done.returncode == 0, done.stderr
+    moved = json.loads(done.stdout)
+    assert moved["replica_id"] != moved["previous_replica_id"]
+    assert logsync(tmp_path, *append).returncode == 0
+    checked = logsync(tmp_path, *base, "verify", "--json")
+    assert checked.returncode == 0 and json.loads(checked.stdout)["ok"] is True, checked.stdout
+
+
 def test_a_token_with_spaces_inside_is_taken(tmp_path: Path, palace: Path) -> None:
     """The server compares the whole header, so such a token works: it stays allowed."""
     done = logsync(tmp_path, "--palace", str(palace), "peers", "add", "x",

@@ -127,7 +127,8 @@ def no_palace(ctx: click.Context, palace: Path) -> NoPalaceError:
 
 @contextmanager
 def open_store(ctx: click.Context, *, read_only: bool = False, must_exist: bool | None = None,
-               palace: Path | None = None, check: bool = True) -> Iterator[Store]:
+               palace: Path | None = None, check: bool = True,
+               keyless: bool = False) -> Iterator[Store]:
     """The palace's store; read commands pass ``read_only=True``.
 
     ``must_exist`` (default: ``read_only``): a missing palace is an error (`no_palace`)
@@ -139,7 +140,7 @@ def open_store(ctx: click.Context, *, read_only: bool = False, must_exist: bool 
     is an error naming `logsync init`, unless --create allows the writable open that sets
     it up. Store.open makes a new directory 0700 and never changes an existing one's mode.
     ``check=False`` skips the open's quick check (a file just checked whole, a joined
-    snapshot).
+    snapshot). ``keyless``: `Store.open`'s, for `reidentify`.
     """
     create = may_create(ctx)
     palace = palace_of(ctx) if palace is None else palace
@@ -154,11 +155,20 @@ def open_store(ctx: click.Context, *, read_only: bool = False, must_exist: bool 
             if not create:
                 raise
     if store is None:
-        store = Store.open(palace, check=check)
+        store = Store.open(palace, check=check, keyless=keyless)
+    if not keyless:  # reidentify replaces the key it went on without
+        warn_key_problem(store)
     try:
         yield store
     finally:
         store.close()
+
+
+def warn_key_problem(store: Store) -> None:
+    """A read goes on without a damaged key file (`Store.open`); the operator is told."""
+    if store.key_problem is not None:
+        click.echo(f"Warning: {store.key_problem}; reads go on with the key the store "
+                   "recorded, writes are refused until it is fixed", err=True)
 
 
 def json_option(fn: F) -> F:

@@ -149,7 +149,7 @@ def reidentify(ctx: click.Context, as_json: bool, yes: bool) -> None:
     if not has_palace(palace):
         raise NotFoundError(f"no palace at {palace}: there is no identity to replace "
                             f"(`logsync init {palace}` makes a palace with a new one)")
-    with open_store(ctx, must_exist=True) as store:
+    with open_store(ctx, must_exist=True, keyless=True) as store:  # a lost key is replaced
         done = store.reidentify()
     with open_store(ctx, must_exist=True) as store:  # records the new key, as every open
         now = store.replica_id

@@ -19,6 +19,7 @@ from logsync.cli._common import (
     no_palace,
     open_store,
     palace_of,
+    warn_key_problem,
 )
 from logsync.cli.group import cli
 from logsync.errors import ValidationError, shorten
@@ -63,6 +64,7 @@ def verify(ctx: click.Context, as_json: bool, origin: str | None) -> None:
             pass  # made here, so there is nothing a writable open could have repaired
     try:
         with Store.open(palace, read_only=True) as store:
+            warn_key_problem(store)
             held = store.version_vector()
             if origin is not None and origin not in held:  # a typo must not verify "ok"
                 known = ", ".join(sorted(held)[:3]) + (" ..." if len(held) > 3 else "")

@@ -72,6 +72,7 @@ MIN_FREE_BYTES = 64 * 1024  # below this a disk counts as full for health_proble
 # transaction of ~10 MB, and at 2 MiB SQLite spilled its dirty pages to the WAL mid-way
 # and wrote some again (a page's write: 0.19 s of system time per 20 000 ops, 0.13 here).
 WRITER_CACHE_KIB = 16 * 1024
+REIDENTIFY = "`logsync reidentify --yes`"  # the way on when a palace's key is lost
 
 
 IdFactory = Callable[[str], str]
@@ -115,6 +116,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         self._durable = True  # the writer's synchronous=FULL (`_connect`)
         self._ro_uri = f"{self.db_path.resolve().as_uri()}?mode=ro"
         self.signing_key = signing_key  # never served: only local appends use it
+        self.key_problem: str | None = None  # why an open went on without the key file
         self.public_key: bytes | None = None if signing_key is None else public_key_of(
             signing_key
         )
@@ -153,6 +155,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         replica_id: str | None = None,
         read_only: bool = False,
         check: bool = True,
+        keyless: bool = False,
     ) -> Store:
         """Open (creating if needed) the store in a palace directory.
 
@@ -168,6 +171,13 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         measured at 0.1 s for a 200 000-event store (173 MB, warm page cache) and about
         1 ms for a small one, so it runs on every open; ``check=False`` skips it for
         callers that reopen one store in a loop.
+
+        A key file that is missing (while the store records a key of ours), corrupt or
+        open to others stops a writable open: signing on with another key would be a
+        second identity. A read-only open goes on without it (reads need no key; the
+        recorded key stands in) and says why in `key_problem`. ``keyless=True`` (for
+        `reidentify`, whose new key replaces it) lets a writable open do the same; that
+        store signs nothing.
         """
         palace_path = Path(palace).expanduser()
         wall = wall_ms or hlc_mod.system_wall_ms
@@ -193,7 +203,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
                     f"write: set it up once with write access (`logsync init {palace_path}` as "
                     "its owner)"
                 )
-            key = _read_key_if_readable(palace_path)
+            key, key_problem = _key_for_reading(palace_path)
         else:
             try:
                 make_private_dir(palace_path)  # 0700 if made here; never an existing one
@@ -205,13 +215,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
                 raise StoreError(f"cannot create palace directory {palace_path}: {why}") \
                     from None
             rid = replica_id or get_replica_id(palace_path)
-            if read_signing_key(palace_path) is None and _records_own_key(palace_path, rid):
-                # minting now would leave a second key behind even though the open fails
-                raise KeyFileError(
-                    f"the signing key {palace_path / KEY_FILENAME} is missing, but the store "
-                    f"records a key for {rid} (its ops are signed with it): restore the "
-                    "original key file")
-            key = load_or_mint_signing_key(palace_path)
+            key, key_problem = _key_for_writing(palace_path, rid, keyless)
         try:
             store = cls(
                 palace_path, rid, wall, new_id or default_id_factory(wall), read_only=read_only,
@@ -219,6 +223,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
             )
         except sqlite3.Error as exc:
             raise StoreError(describe_fault(palace_path / DB_FILENAME, "open", exc)) from None
+        store.key_problem = key_problem
         if check:
             try:
                 problem = store.corruption()
@@ -442,15 +447,40 @@ def _records_own_key(palace: Path, replica_id: str) -> bool:
         return False
 
 
-def _read_key_if_readable(palace: Path) -> SigningKey | None:
-    """A read-only open's key: None when absent or not ours to read (another user's 0600
-    file: reads need no key); a corrupt or exposed file is a `StoreError` sentence."""
+def _key_for_reading(palace: Path) -> tuple[SigningKey | None, str | None]:
+    """A read-only open's key and why there is none: reads need no key, so an absent
+    file, another user's 0600 file or a damaged one only leaves the recorded key to
+    stand in (a damaged one is named, for the CLI to warn)."""
     try:
-        return read_signing_key(palace)
+        return read_signing_key(palace), None
     except KeyFileError as exc:
         if not os.access(palace / KEY_FILENAME, os.R_OK):
-            return None
-        raise StoreError(str(exc)) from None
+            return None, None
+        return None, str(exc)
+
+
+def _key_for_writing(palace: Path, replica_id: str,
+                     keyless: bool) -> tuple[SigningKey | None, str | None]:
+    """A writable open's key, minted on first use. One that is lost (the store records
+    ours) or damaged is refused, naming the remedies, unless `keyless`."""
+    try:
+        key = read_signing_key(palace)
+    except KeyFileError as exc:
+        if keyless:
+            return None, str(exc)
+        raise KeyFileError(f"{exc}, or give the palace a new identity: {REIDENTIFY}") \
+            from None
+    if key is not None:
+        return key, None
+    if _records_own_key(palace, replica_id):
+        # minting now would leave a second key behind even though the open fails
+        problem = (f"the signing key {palace / KEY_FILENAME} is missing, but the store "
+                   f"records a key for {replica_id} (its ops are signed with it)")
+        if keyless:
+            return None, problem
+        raise KeyFileError(f"{problem}: restore the original key file, or give the palace "
+                           f"a new identity: {REIDENTIFY}")
+    return load_or_mint_signing_key(palace), None
 
 
 # ── argument checks ───────────────────────────────────────────────────

@@ -136,7 +136,8 @@ def record_own_key(conn: sqlite3.Connection, origin: str, public_key: bytes, now
     if _pin(conn, origin, _checked(public_key), now, "self") == "changed":
         raise KeyFileError(
             f"the signing key of this palace is not the one recorded for {origin} in its "
-            "store (the key file was replaced or lost): restore the original key file"
+            "store (the key file was replaced or lost): restore the original key file, or "
+            "give the palace a new identity: `logsync reidentify --yes`"
         )
 
 
