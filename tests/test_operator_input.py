@@ -130,6 +130,12 @@ def test_an_empty_palace_name_is_never_the_default_palace(tmp_path: Path,
     (["sync", "--peer", "http://127.0.0.1:9", "--timeout", "-1"], "--timeout"),
     (["status", "--timeout", "nan"], "--timeout"),
     (["conflicts", "review", "999999999999999999999999"], "IDS"),
+    # a documented maximum is refused, never clamped in silence
+    (["list", "--limit", "501"], "it must be an integer from 1 to 500"),
+    (["wait", "--timeout-ms", "300001"], "it must be an integer from 0 to 300000"),
+    (["wait", "--limit", "0"], "--limit"),
+    (["conflicts", "--limit", "99999999999999999999999"], "from 1 to 500"),
+    (["quarantine", "--limit", "1000"], "from 1 to 500"),
 ])
 def test_a_number_out_of_its_rule_is_refused_before_anything_runs(
         tmp_path: Path, palace: Path, args: list[str], option: str) -> None:

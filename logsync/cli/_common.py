@@ -18,7 +18,7 @@ import platformdirs
 from logsync.errors import LogsyncError, ValidationError, shorten
 from logsync.files import symlink_loop
 from logsync.model import MAX_ARTIFACT_BYTES
-from logsync.store import DB_FILENAME, Store
+from logsync.store import DB_FILENAME, MAX_LIST_LIMIT, Store
 from logsync.store.faults import StoreNeedsWrite
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -79,6 +79,21 @@ class FiniteRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{shorten(value)} is not a finite number", param, ctx)
         return number
+
+
+def within(option: str, value: int, low: int, high: int) -> int:
+    """`value` of `option` when in [low, high]; else one sentence (also as --json's
+    error). A documented maximum is refused, never clamped in silence (`list --limit
+    501` showed 500 rows; `wait --timeout-ms 300001` waited 300 s)."""
+    if not low <= value <= high:
+        raise ValidationError(f"{option} {shorten(value)} is invalid: it must be an integer "
+                              f"from {low} to {high}")
+    return value
+
+
+def row_limit(limit: int) -> int:
+    """--limit of every listing command."""
+    return within("--limit", limit, 1, MAX_LIST_LIMIT)
 
 
 class NoPalaceError(LogsyncError):

@@ -9,7 +9,14 @@ from typing import Any
 import click
 
 from logsync import peers as peers_mod
-from logsync.cli._common import emit_json, handles_errors, json_option, open_store, palace_of
+from logsync.cli._common import (
+    emit_json,
+    handles_errors,
+    json_option,
+    open_store,
+    palace_of,
+    row_limit,
+)
 from logsync.cli.group import cli
 from logsync.errors import shorten
 from logsync.store.ledgers import CONFLICT_KINDS, check_kind, check_origin
@@ -125,6 +132,7 @@ def conflicts_cmd(ctx: click.Context, as_json: bool, limit: int, origin: str | N
     if ctx.invoked_subcommand is not None:
         return
     origin, kind = checked_filters(origin, kind)
+    row_limit(limit)
     with open_store(ctx, read_only=True) as store:
         rows = store.list_conflicts(limit, origin=origin, kind=kind, unreviewed=unreviewed)
     _print_ledger(rows, as_json, "conflicts", "detected_at")
@@ -148,6 +156,7 @@ def quarantine_cmd(ctx: click.Context, as_json: bool, limit: int, origin: str | 
     if ctx.invoked_subcommand is not None:
         return
     origin, _ = checked_filters(origin, None)
+    row_limit(limit)
     with open_store(ctx, read_only=True) as store:
         rows = store.list_quarantine(limit, origin=origin)
     _print_ledger(rows, as_json, "quarantined", "received_at")

@@ -23,13 +23,15 @@ from logsync.cli._common import (
     parse_metadata,
     read_stdin_exact,
     read_text,
+    row_limit,
+    within,
     write_stdout_exact,
 )
 from logsync.cli.group import cli
 from logsync.cli.replication import sync_cmd
 from logsync.errors import NotFoundError, shorten
 from logsync.model import ARTIFACT_KINDS, EVENT_STATUSES, MAX_BODY_BYTES
-from logsync.store import Store
+from logsync.store import MAX_WAIT_TIMEOUT_MS, Store
 from logsync.store.signing_state import phrase, read_signing_states
 from logsync.store.waiting import wait_events
 
@@ -168,6 +170,7 @@ def list_(ctx: click.Context, as_json: bool, order: str, limit: int,
     \b
       logsync list --stream project/x --to-agent codex@desk --order hlc --limit 20
     """
+    row_limit(limit)
     with open_store(ctx, read_only=True) as store:
         events = store.list_events(limit=limit, order=order, before_event_id=before_event_id,
                                    **_filters(kw))
@@ -192,6 +195,8 @@ def wait(ctx: click.Context, as_json: bool, timeout_ms: int, limit: int, **kw: A
     \b
       logsync wait --to-agent codex@desk --type task.request --timeout-ms 30000
     """
+    row_limit(limit)
+    within("--timeout-ms", timeout_ms, 0, MAX_WAIT_TIMEOUT_MS)
     with open_store(ctx, read_only=True) as store:
         result = wait_events(store, timeout_ms=timeout_ms, limit=limit, **_filters(kw))
     result["count"] = len(result["events"])
