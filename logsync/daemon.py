@@ -51,6 +51,7 @@ from logsync.peertask import PeerTask as _PeerTask
 from logsync.peertask import direct_headers
 from logsync.push import PushReport
 from logsync.replica import identity_moved
+from logsync.servelock import serving
 from logsync.server import create_app
 from logsync.server.commits import CommitWatch
 from logsync.server.limits import check_tls, listen_socket, uvicorn_limits
@@ -468,6 +469,11 @@ def serve(config: DaemonConfig, announce: Callable[[str], None] | None = None) -
     """
     config.check()
     check_tls(config.tls_cert, config.tls_key)
+    with serving(config.palace):  # one daemon per palace
+        _serve_locked(config, announce)
+
+
+def _serve_locked(config: DaemonConfig, announce: Callable[[str], None] | None) -> None:
     if config.snapshot:
         # A port in use is one sentence now, not after a join; the port is bound for good
         # only after it, so peers (a fleet of empty daemons started together, each joining)
