@@ -44,11 +44,11 @@ agent's events without an HLC count only when it has none with one, then by
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from logsync.model import TERMINAL_STATUSES
+from logsync.errors import ValidationError
+from logsync.model import TERMINAL_STATUSES, created_at
 
 Event = Mapping[str, Any]
 
@@ -181,12 +181,22 @@ def split_expired(asks: Iterable[Event], now: str) -> tuple[list[dict[str, Any]]
     return live, gone
 
 
-_UTC_STAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
-
-
 def is_utc_stamp(value: object) -> bool:
-    """Whether `value` spells a UTC time as `created_at` does."""
-    return isinstance(value, str) and _UTC_STAMP.fullmatch(value) is not None
+    """Whether `value` is a real UTC time spelled as `created_at` is (`2026-13-45T…Z`
+    is not: compared as text it would pass for a time)."""
+    try:
+        created_at(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def unreadable_expiry(asks: Iterable[Event]) -> int:
+    """How many asks carry an `expires_at` that is not such a time: they never expire
+    (R2), which the operator should be told (`2020-01-01T00:00:00.000Z` is one)."""
+    return sum(1 for ask in asks if isinstance(ask.get("metadata"), Mapping)
+               and ask["metadata"].get("expires_at") is not None
+               and not is_utc_stamp(ask["metadata"]["expires_at"]))
 
 
 def _first_per_agent(ordered: list[dict[str, Any]]) -> list[dict[str, Any]]:

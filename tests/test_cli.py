@@ -438,8 +438,18 @@ def test_owed_lists_an_expired_ask_apart_and_claims_names_who_must_yield(run) ->
     data = json.loads(result.output)
     assert data["count"] == 1 and len(data["expired"]) == 1
     assert data["expired"][0]["metadata"]["expires_at"] == "2026-01-01T00:00:00Z"
-    bad = run("owed", "--agent", "pi@b", "--now", "noon")
-    assert bad.exit_code == 1 and "--now 'noon' is not a UTC time" in bad.output
+    assert data["unreadable_expiry"] == 0
+    for now in ("noon", "2026-13-45T99:00:00Z"):  # a lookalike compared as text passed
+        bad = run("owed", "--agent", "pi@b", "--now", now)
+        assert bad.exit_code == 1 and f"--now '{now}' is not a real UTC time" in bad.output
+    # JavaScript's toISOString(): not a UTC time as created_at spells it, so it never
+    # expires (R2); the operator is told
+    run(*base, "--metadata", '{"expires_at": "2020-01-01T00:00:00.000Z"}')
+    data = json.loads(run("owed", "--agent", "pi@b", "--now", "2026-12-01T00:00:00Z",
+                          "--json").output)
+    assert data["count"] == 2 and data["unreadable_expiry"] == 1
+    text = run("owed", "--agent", "pi@b")
+    assert "1 of these asks carry an expires_at that is not a UTC time" in text.output
     for agent in ("pi@a", "pi@b"):
         run("append", "--type", "task.claim", "--stream", "s", "--room", "r", "--from-agent",
             agent, "--status", "claimed", "--correlation-id", "job-1")

@@ -33,6 +33,7 @@ from logsync.cli._common import (
     open_store,
 )
 from logsync.cli.group import cli
+from logsync.errors import shorten
 from logsync.model import utc_now_iso
 
 if TYPE_CHECKING:
@@ -386,13 +387,19 @@ def owed(ctx: click.Context, agent: str, now: str | None, as_json: bool) -> None
     if not agent.strip():
         fail("--agent must name an agent, e.g. pi@laptop", as_json)
     if now is not None and not views.is_utc_stamp(now):
-        fail(f"--now {now!r} is not a UTC time like 2026-12-01T12:00:00Z", as_json)
+        fail(f"--now {shorten(now)} is not a real UTC time like 2026-12-01T12:00:00Z",
+             as_json)
     with open_store(ctx, read_only=True) as store:
         items = views.owed(store.iter_events(), agent)
     live, expired = views.split_expired(items, now or utc_now_iso(int(time.time() * 1000)))
+    unreadable = views.unreadable_expiry(live)
     if as_json:
-        emit_json({"agent": agent, "owed": live, "count": len(live), "expired": expired})
+        emit_json({"agent": agent, "owed": live, "count": len(live), "expired": expired,
+                   "unreadable_expiry": unreadable})
         return
+    if unreadable:
+        click.echo(f"Note: {unreadable} of these asks carry an expires_at that is not a UTC "
+                   "time like 2026-12-01T12:00:00Z, so they never expire", err=True)
     if not live:
         click.echo(f"{agent} owes nothing.")
     else:
