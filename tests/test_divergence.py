@@ -161,6 +161,25 @@ def test_clones_at_equal_height_that_both_write_are_found(tmp_path):
     assert {c["origin_seq"] for c in conflicts(third, "fork")} == {5}
 
 
+def test_a_peer_serving_the_origin_as_its_own_with_another_history_is_named_a_clone(tmp_path):
+    """The peer is the origin: its history and ours of it differ, so one identity runs in
+    two palaces, and the remedy is named (the sentence listed three causes and none)."""
+    a = Store.open(tmp_path / "a")
+    append(a, 3, "a")
+    a.close()
+    one = restored_copy(tmp_path / "a", tmp_path / "one")
+    two = restored_copy(tmp_path / "a", tmp_path / "two")
+    append(one, 2, "one")
+    append(two, 2, "two")
+    third = Store.open(tmp_path / "third")
+    pull(third, ChainPeer(one))
+    drive(pull_round(third.replica_id, two.replica_id, batch_artifacts=False), ChainPeer(two),
+          third)
+    (found,) = conflicts(third, "divergence")
+    assert "serves origin" in found["reason"] and "two palaces run under one identity" in \
+        found["reason"] and "logsync reidentify --yes" in found["reason"], found["reason"]
+
+
 def test_digests_answers_the_chain_at_each_seq_and_refuses_bad_input(tmp_path):
     store = Store.open(tmp_path / "s")
     append(store, 4, "s")

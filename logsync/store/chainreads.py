@@ -88,11 +88,16 @@ def record_divergence(
     ours = _held(conn, origin, [s for s in (_seq(op) for op in remote_ops) if s] + [seq])
     theirs_at = next((op for op in remote_ops if _seq(op) == seq), None)
     held_at = ours.get(seq)
+    why = (f"origin {origin}'s chain differs from peer {peer}'s from origin_seq {seq} on: "
+           "the two replicas hold different histories of this origin (a restored backup, a "
+           "clone, or a forgery); neither copy was changed")
+    if peer == origin:  # the peer serves the origin as its own: one identity, two palaces
+        why = (f"peer {peer} serves origin {origin} as its own, with another history from "
+               f"origin_seq {seq} on: two palaces run under one identity (a copied palace "
+               "directory, or one restored from a backup); give one of them a new identity "
+               "with `logsync reidentify --yes`; neither copy was changed")
     rows = [conflict_row(
-        now, "divergence", held_at["id"] if held_at else _id(theirs_at), origin, seq,
-        f"origin {origin}'s chain differs from peer {peer}'s from origin_seq {seq} on: the "
-        "two replicas hold different histories of this origin (a restored backup, a clone, "
-        "or a forgery); neither copy was changed",
+        now, "divergence", held_at["id"] if held_at else _id(theirs_at), origin, seq, why,
         {"op": row_wire(held_at) if held_at else None, "digest": _hex(local_digest)},
         {"op": theirs_at, "digest": _hex(remote_digest), "peer": peer},
     )]
