@@ -6,6 +6,7 @@ import errno
 import os
 import stat
 import tempfile
+import time
 from contextlib import suppress
 from pathlib import Path
 
@@ -71,6 +72,26 @@ def write_exclusive(path: Path, text: str, *, mode: int = 0o644) -> bool:
         return False
     finally:
         tmp.unlink(missing_ok=True)
+
+
+STALE_TEMP_S = 600.0  # a temp file this old was left by a process killed mid-write
+
+
+def remove_stale_temps(directory: Path, *, older_than_s: float = STALE_TEMP_S) -> int:
+    """Remove the temp files `_synced_temp` left in `directory` when its process was
+    killed between writing and renaming (`.<name>.<random>.tmp`), once they are old
+    enough that no live writer can still be renaming them; returns how many went."""
+    removed = 0
+    cutoff = time.time() - older_than_s
+    with suppress(OSError):
+        for entry in os.scandir(directory):
+            if entry.name.startswith(".") and entry.name.endswith(".tmp") and \
+                    entry.is_file(follow_symlinks=False):
+                with suppress(OSError):
+                    if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                        os.unlink(entry.path)
+                        removed += 1
+    return removed
 
 
 def _synced_temp(path: Path, text: str, mode: int) -> Path:

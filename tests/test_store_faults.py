@@ -283,3 +283,23 @@ def test_a_store_file_replaced_under_an_open_store_is_named(tmp_path: Path) -> N
         assert "was deleted or replaced" in (store.file_replaced() or "")
     finally:
         store.close()
+
+
+def test_temp_files_a_killed_writer_left_go_at_the_next_writable_open(tmp_path: Path) -> None:
+    """`reidentify` or a peers.json save killed between write and rename leaves
+    `.<name>.<random>.tmp` behind: an old one goes, a fresh one (a live writer's) stays."""
+    import os
+    import time
+
+    Store.open(tmp_path).close()
+    old = tmp_path / ".logsync-signing-key.next.abc123.tmp"
+    fresh = tmp_path / ".peers.json.def456.tmp"
+    for path in (old, fresh):
+        path.write_text("x")
+    an_hour_ago = time.time() - 3600
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    with Store.open(tmp_path, read_only=True):
+        pass
+    assert old.exists()  # a read-only open writes nothing, removes nothing
+    Store.open(tmp_path).close()
+    assert not old.exists() and fresh.exists()

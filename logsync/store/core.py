@@ -38,7 +38,7 @@ from logsync.errors import (
     ReplicaIdentityError,
     StoreError,
 )
-from logsync.files import make_private_dir, symlink_loop
+from logsync.files import make_private_dir, remove_stale_temps, symlink_loop
 from logsync.keyfile import KEY_FILENAME, load_or_mint_signing_key, read_signing_key
 from logsync.keys import public_key_of, sign_digest
 from logsync.replica import get_replica_id, read_replica_id
@@ -214,6 +214,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
                     else exc.strerror or exc
                 raise StoreError(f"cannot create palace directory {palace_path}: {why}") \
                     from None
+            remove_stale_temps(palace_path)  # left by a process killed mid-write
             rid = replica_id or get_replica_id(palace_path)
             key, key_problem = _key_for_writing(palace_path, rid, keyless)
         try:
