@@ -145,8 +145,9 @@ def test_a_relayed_fork_is_found_one_hop_away(tmp_path):
         assert [c["origin_seq"] for c in conflicts(store, "divergence")] == [3]
 
 
-def test_clones_at_equal_height_that_both_write_are_found(tmp_path):
-    """Two palaces copied from one backup both write: each new op is a fork of the other."""
+def writing_clones(tmp_path: Path) -> tuple[Store, Store, Store]:
+    """Two palaces copied from one backup of three ops, each writing two more, and a
+    third replica that has pulled neither."""
     a = Store.open(tmp_path / "a")
     append(a, 3, "a")
     a.close()
@@ -155,6 +156,12 @@ def test_clones_at_equal_height_that_both_write_are_found(tmp_path):
     append(one, 2, "one")
     append(two, 2, "two")
     third = Store.open(tmp_path / "third")
+    return one, two, third
+
+
+def test_clones_at_equal_height_that_both_write_are_found(tmp_path):
+    """Two palaces copied from one backup both write: each new op is a fork of the other."""
+    one, two, third = writing_clones(tmp_path)
     pull(third, ChainPeer(one))
     report = pull(third, ChainPeer(two))
     assert report.origins[one.replica_id].diverged_at == 4
@@ -164,14 +171,7 @@ def test_clones_at_equal_height_that_both_write_are_found(tmp_path):
 def test_a_peer_serving_the_origin_as_its_own_with_another_history_is_named_a_clone(tmp_path):
     """The peer is the origin: its history and ours of it differ, so one identity runs in
     two palaces, and the remedy is named (the sentence listed three causes and none)."""
-    a = Store.open(tmp_path / "a")
-    append(a, 3, "a")
-    a.close()
-    one = restored_copy(tmp_path / "a", tmp_path / "one")
-    two = restored_copy(tmp_path / "a", tmp_path / "two")
-    append(one, 2, "one")
-    append(two, 2, "two")
-    third = Store.open(tmp_path / "third")
+    one, two, third = writing_clones(tmp_path)
     pull(third, ChainPeer(one))
     drive(pull_round(third.replica_id, two.replica_id, batch_artifacts=False), ChainPeer(two),
           third)
