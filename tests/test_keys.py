@@ -206,6 +206,21 @@ def test_a_replaced_key_file_is_refused_not_a_silent_rotation(tmp_path: Path) ->
     Store.open(tmp_path).close()
 
 
+def test_a_keyless_open_checks_the_identity_as_a_read_does(tmp_path: Path) -> None:
+    """`reidentify`'s open goes on without a damaged key, never past an edited
+    replica.json (it would have replaced the identity of the id written there)."""
+    import json
+
+    with Store.open(tmp_path / "peer") as peer:
+        peer_id = peer.replica_id
+    with Store.open(tmp_path / "p") as store:
+        own = store.replica_id
+    (tmp_path / "p" / "replica.json").write_text(json.dumps({"replica_id": peer_id}))
+    (tmp_path / "p" / KEY_FILENAME).write_text("not a seed\n")
+    with pytest.raises(ReplicaIdentityError, match=f"records {own} as this palace.s own origin"):
+        Store.open(tmp_path / "p", keyless=True)
+
+
 def test_a_read_only_open_reads_the_key_and_writes_nothing(tmp_path: Path) -> None:
     with Store.open(tmp_path) as store:
         key = store.public_key

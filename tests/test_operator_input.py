@@ -228,7 +228,7 @@ def test_a_lost_key_file_is_refused_without_minting_another(tmp_path: Path,
     assert not (palace / "logsync-signing-key").exists()  # no second key left behind
 
 
-@pytest.mark.parametrize("damage", ["lost", "corrupt", "exposed"])
+@pytest.mark.parametrize("damage", ["lost", "corrupt", "exposed", "replaced"])
 def test_a_palace_whose_key_is_lost_or_damaged_is_read_and_reidentified(
         tmp_path: Path, palace: Path, damage: str) -> None:
     """Reads need no key: they go on, warning. Writes are refused naming both ways on, and
@@ -243,9 +243,11 @@ def test_a_palace_whose_key_is_lost_or_damaged_is_read_and_reidentified(
         key.unlink()
     elif damage == "corrupt":
         key.write_text("0123\n")
-    else:
+    elif damage == "exposed":
         key.chmod(0o644)
-    for read in (["list"], ["info"], ["verify"]):
+    else:  # a valid key, not the one the store records (its sentence names reidentify)
+        key.write_text(bytes(range(32)).hex() + "\n")
+    for read in ([] if damage == "replaced" else (["list"], ["info"], ["verify"])):
         done = logsync(tmp_path, *base, *read)
         assert done.returncode == 0, (read, done.stderr)
         assert (b"Warning:" in done.stderr) == (damage != "lost"), (read, done.stderr)

@@ -134,7 +134,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
                     )
             else:
                 self._migrate()
-            if read_only:  # the schema is current (checked above): the keyring is there
+            if read_only or signing_key is None:  # a keyless open checks as reads do
                 check_own_origin(self._writer, replica_id, self.public_key)
             if self.public_key is None:  # read-only without the key file: what we recorded
                 self.public_key = known_key(self._writer, replica_id)
@@ -431,21 +431,22 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         return reidentify_store(self, after)
 
 
-def _records_own_key(palace: Path, replica_id: str) -> bool:
-    """Whether the store already records a key of its own for `replica_id` (read-only;
-    a store that cannot be read here records none: opening it says what is wrong)."""
+def _recorded_own_key(palace: Path, replica_id: str) -> bytes | None:
+    """The key the store records as its own for `replica_id` (read-only; a store that
+    cannot be read here records none: opening it says what is wrong)."""
     db_path = palace / DB_FILENAME
     if not db_path.is_file():
-        return False
+        return None
     try:
         conn = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
         try:
-            return conn.execute("SELECT 1 FROM logsync_keys WHERE origin = ? AND source = "
-                                "'self'", (replica_id,)).fetchone() is not None
+            row = conn.execute("SELECT public_key FROM logsync_keys WHERE origin = ? AND "
+                               "source = 'self'", (replica_id,)).fetchone()
         finally:
             conn.close()
     except (sqlite3.Error, OSError, RuntimeError):
-        return False
+        return None
+    return None if row is None else bytes(row[0])
 
 
 def _key_for_reading(palace: Path) -> tuple[SigningKey | None, str | None]:
@@ -463,17 +464,25 @@ def _key_for_reading(palace: Path) -> tuple[SigningKey | None, str | None]:
 def _key_for_writing(palace: Path, replica_id: str,
                      keyless: bool) -> tuple[SigningKey | None, str | None]:
     """A writable open's key, minted on first use. One that is lost (the store records
-    ours) or damaged is refused, naming the remedies, unless `keyless`."""
+    ours), damaged or another key than the recorded one is refused, naming the remedies,
+    unless `keyless`. A file this user may not read is refused even then: it is someone
+    else's key, not a lost one."""
     try:
         key = read_signing_key(palace)
     except KeyFileError as exc:
+        if not os.access(palace / KEY_FILENAME, os.R_OK):
+            raise  # not ours to read: run as the palace's owner
         if keyless:
             return None, str(exc)
         raise KeyFileError(f"{exc}, or give the palace a new identity: {REIDENTIFY}") \
             from None
+    recorded = _recorded_own_key(palace, replica_id)
     if key is not None:
+        if keyless and recorded is not None and public_key_of(key) != recorded:
+            return None, (f"the signing key {palace / KEY_FILENAME} is not the one the "
+                          f"store records for {replica_id}")
         return key, None
-    if _records_own_key(palace, replica_id):
+    if recorded is not None:
         # minting now would leave a second key behind even though the open fails
         problem = (f"the signing key {palace / KEY_FILENAME} is missing, but the store "
                    f"records a key for {replica_id} (its ops are signed with it)")
