@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import tempfile
 import time
+from collections.abc import Iterable
 from contextlib import suppress
 from pathlib import Path
 
@@ -77,16 +79,20 @@ def write_exclusive(path: Path, text: str, *, mode: int = 0o644) -> bool:
 STALE_TEMP_S = 600.0  # a temp file this old was left by a process killed mid-write
 
 
-def remove_stale_temps(directory: Path, *, older_than_s: float = STALE_TEMP_S) -> int:
-    """Remove the temp files `_synced_temp` left in `directory` when its process was
-    killed between writing and renaming (`.<name>.<random>.tmp`), once they are old
-    enough that no live writer can still be renaming them; returns how many went."""
+def remove_stale_temps(directory: Path, names: Iterable[str], *,
+                       older_than_s: float = STALE_TEMP_S) -> int:
+    """Remove the temp files `_synced_temp` left in `directory` for the files `names`
+    when its process was killed between writing and renaming (`.<name>.<8 random
+    characters>.tmp`, mkstemp's), once old enough that no live writer can still be
+    renaming them; nothing else (a palace may be a shared directory). Returns how many
+    went."""
+    alternatives = "|".join(map(re.escape, names))
+    own = re.compile(rf"\.(?:{alternatives})\.[a-z0-9_]{{8}}\.tmp")
     removed = 0
     cutoff = time.time() - older_than_s
     with suppress(OSError):
         for entry in os.scandir(directory):
-            if entry.name.startswith(".") and entry.name.endswith(".tmp") and \
-                    entry.is_file(follow_symlinks=False):
+            if own.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                 with suppress(OSError):
                     if entry.stat(follow_symlinks=False).st_mtime < cutoff:
                         os.unlink(entry.path)
@@ -95,7 +101,9 @@ def remove_stale_temps(directory: Path, *, older_than_s: float = STALE_TEMP_S) -
 
 
 def _synced_temp(path: Path, text: str, mode: int) -> Path:
-    """A temp file beside `path` holding `text`, flushed to disk."""
+    """A temp file beside `path` holding `text`, flushed to disk (and any of `path`'s
+    own a killed writer left, removed first)."""
+    remove_stale_temps(path.parent, (path.name,))
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     tmp = Path(name)
     try:

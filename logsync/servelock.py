@@ -16,6 +16,7 @@ import errno
 import fcntl
 import logging
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,11 +34,16 @@ def serving(palace: Path) -> Iterator[None]:
     palace = Path(palace)
     try:
         make_private_dir(palace)  # 0700 if made here, as the store makes it
-        fd = os.open(palace / LOCK_FILENAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # never through a symlink: the pid written would land in whatever it names
+        fd = os.open(palace / LOCK_FILENAME,
+                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        raise ConfigError(f"cannot open the serve lock {palace / LOCK_FILENAME}: "
-                          f"{exc.strerror or exc}") from None
+        why = "it is a symlink" if exc.errno == errno.ELOOP else exc.strerror or exc
+        raise ConfigError(f"cannot open the serve lock {palace / LOCK_FILENAME}: {why}") \
+            from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"the serve lock {palace / LOCK_FILENAME} is not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -86,3 +86,17 @@ def _held_by(palace: Path) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
+
+
+def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_untouched(
+        tmp_path: Path) -> None:
+    """The pid would be written into whatever the link names (a shared palace)."""
+    victim = tmp_path / "victim"
+    victim.write_text("important data")
+    palace = tmp_path / "palace"
+    palace.mkdir()
+    (palace / LOCK_FILENAME).symlink_to(victim)
+    with pytest.raises(ConfigError, match="serve lock .* it is a symlink"):
+        with serving(palace):
+            pass
+    assert victim.read_text() == "important data"

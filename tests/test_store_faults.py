@@ -287,19 +287,30 @@ def test_a_store_file_replaced_under_an_open_store_is_named(tmp_path: Path) -> N
 
 def test_temp_files_a_killed_writer_left_go_at_the_next_writable_open(tmp_path: Path) -> None:
     """`reidentify` or a peers.json save killed between write and rename leaves
-    `.<name>.<random>.tmp` behind: an old one goes, a fresh one (a live writer's) stays."""
+    `.<name>.<8 random characters>.tmp` behind: an old one of the identity files goes at
+    the next writable open, of peers.json at its next save; a fresh one (a live
+    writer's) stays, and so does anything else (a palace may be a shared directory)."""
     import os
     import time
 
+    from logsync import peers
+
     Store.open(tmp_path).close()
-    old = tmp_path / ".logsync-signing-key.next.abc123.tmp"
-    fresh = tmp_path / ".peers.json.def456.tmp"
-    for path in (old, fresh):
+    old = tmp_path / ".logsync-signing-key.next.abc12_yz.tmp"
+    old_peers = tmp_path / ".peers.json.0a1b2c3d.tmp"
+    fresh = tmp_path / ".replica.json.def456gh.tmp"
+    others = [tmp_path / ".tmp", tmp_path / ".notes.md.abcdefgh.tmp",
+              tmp_path / ".replica.json.tmp"]
+    for path in (old, old_peers, fresh, *others):
         path.write_text("x")
     an_hour_ago = time.time() - 3600
-    os.utime(old, (an_hour_ago, an_hour_ago))
+    for path in (old, old_peers, *others):
+        os.utime(path, (an_hour_ago, an_hour_ago))
     with Store.open(tmp_path, read_only=True):
         pass
     assert old.exists()  # a read-only open writes nothing, removes nothing
     Store.open(tmp_path).close()
-    assert not old.exists() and fresh.exists()
+    assert not old.exists() and fresh.exists() and old_peers.exists()
+    peers.add_peer(tmp_path, "desk", "http://127.0.0.1:9", None)
+    assert not old_peers.exists()
+    assert all(path.exists() for path in others)

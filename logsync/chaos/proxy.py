@@ -238,6 +238,9 @@ class ProxyHub:
             await link.opened.wait()  # a reset does not cross a frozen link either
             _abort(writer, upstream_writer)
         finally:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # the proxy stops: drop what is
+                _abort(writer, upstream_writer)         # buffered, close at once
             for w in (writer, upstream_writer):
                 if w is not None:
                     w.close()

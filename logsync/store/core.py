@@ -41,7 +41,12 @@ from logsync.errors import (
 from logsync.files import make_private_dir, remove_stale_temps, symlink_loop
 from logsync.keyfile import KEY_FILENAME, load_or_mint_signing_key, read_signing_key
 from logsync.keys import public_key_of, sign_digest
-from logsync.replica import get_replica_id, read_replica_id
+from logsync.replica import (
+    PENDING_KEY_FILENAME,
+    REPLICA_FILENAME,
+    get_replica_id,
+    read_replica_id,
+)
 from logsync.store.apply import ApplyResult, apply_page
 from logsync.store.chaining import backfill_chains
 from logsync.store.chainreads import ChainViews, sign_own_chain
@@ -214,7 +219,9 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
                     else exc.strerror or exc
                 raise StoreError(f"cannot create palace directory {palace_path}: {why}") \
                     from None
-            remove_stale_temps(palace_path)  # left by a process killed mid-write
+            # the identity files' temps a process killed mid-write (reidentify) left
+            remove_stale_temps(palace_path, (REPLICA_FILENAME, KEY_FILENAME,
+                                             PENDING_KEY_FILENAME))
             rid = replica_id or get_replica_id(palace_path)
             key, key_problem = _key_for_writing(palace_path, rid, keyless)
         try:
