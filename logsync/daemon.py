@@ -51,6 +51,7 @@ from logsync.peertask import PeerTask as _PeerTask
 from logsync.peertask import direct_headers
 from logsync.push import PushReport
 from logsync.replica import identity_moved
+from logsync.roundlog import LOGGED_ORIGIN_FAILURES, RoundLog, log_failure, named
 from logsync.servelock import serving
 from logsync.server import create_app
 from logsync.server.commits import CommitWatch
@@ -65,7 +66,6 @@ PUSH_POLL_S = 1.0  # how often a push peer's loop looks for a change in our log
 PUSH_BACKOFF_MAX_S = 300.0
 STORE_CHECK_S = 5.0
 STATE_SAVE_S = 1.0  # peer state is saved (fsync) at most this often, off the pull loops
-LOGGED_ORIGIN_FAILURES = 3  # per round; the rest are counted in one line
 GRACEFUL_SHUTDOWN_S = 3.0  # event streams never end on their own; cut them after this
 
 
@@ -96,6 +96,7 @@ class Daemon:
         self._store_healthy: anyio.Event | None = None  # made in run(): needs the loop
         self._state_dirty: anyio.Event | None = None  # made in run(): a save is owed
         self._peers_signature: tuple[int, int] | None = ("unread",)  # type: ignore[assignment]
+        self.round_log = RoundLog(self.store.ledger_tops)
         self.app = create_app(
             self.store, token=config.token, peer_state_provider=self.peer_entries,
             bind_host=config.host, port=config.port or None,
@@ -272,7 +273,7 @@ class Daemon:
                     await client.run_push(self.store, report=report)
                 except Exception as exc:  # noqa: BLE001 - invariant 9: the peer's fault
                     wait = min(max(2 * wait, self.config.interval), PUSH_BACKOFF_MAX_S)
-                    log.warning("%s", _named(task.label, f"push failed: {exc}"))
+                    log.warning("%s", named(task.label, f"push failed: {exc}"))
                     continue
                 seen, wait = marker, 0.0
                 state.record_push(report, time.time())
@@ -283,7 +284,7 @@ class Daemon:
                 if report.pushed:
                     log.info("peer %s: pushed +%d events", task.label, report.pushed)
                 for origin, reason in list(report.stopped().items())[:LOGGED_ORIGIN_FAILURES]:
-                    log.warning("%s", _named(task.label, f"push of origin {origin} stopped: "
+                    log.warning("%s", named(task.label, f"push of origin {origin} stopped: "
                                                          f"{reason}"))
                 self._save_soon()
 
@@ -391,39 +392,21 @@ class Daemon:
         kind = error_kind(exc)
         if isinstance(exc, StoreError):
             self._store_failed(exc)
-        if kind == "internal":
-            log.warning("peer %s: internal error %s: %s (traceback at DEBUG)", task.label,
-                        type(exc).__name__, exc)
-            log.debug("peer %s: traceback", task.label, exc_info=exc)
-        else:
-            log.warning("%s", _named(task.label, str(exc)))
+        log_failure(task.label, exc, kind)
         state.record_failure(exc, time.time(), report)
         hint = exc.retry_after if isinstance(exc, PeerTransientError) else None
         task.loop.failed(report, anyio.current_time(), hint)
 
     def _record(self, task: _PeerTask, state: PeerState, report: RoundReport, *,
                 full: bool) -> None:
-        now = time.time()
-        if full and report.skipped_line() and report.skipped_origins != state.skipped_origins:
-            log.warning("%s", _named(task.label, str(report.skipped_line())))  # once a change
+        skipped_changed = full and report.skipped_origins != state.skipped_origins
         if full:
-            state.record_success(report, now)
+            state.record_success(report, time.time())
         else:
-            state.record_targeted(report, now)
+            state.record_targeted(report, time.time())
         if report.applied:
-            log.info("peer %s: +%d events, +%d artifacts", task.label, report.applied,
-                     report.artifacts)
             self.app.state.notifier.notify()
-        failed = sorted(report.failed_origins().items())
-        for origin, reason in failed[:LOGGED_ORIGIN_FAILURES]:
-            log.warning("%s", _named(task.label, f"origin {origin}: {reason}"))
-        if len(failed) > LOGGED_ORIGIN_FAILURES:  # a hostile vector must not flood the log
-            log.warning("peer %s: %d more origins failed this round (see `logsync status`)",
-                        task.label, len(failed) - LOGGED_ORIGIN_FAILURES)
-        if report.conflicts or report.quarantined:
-            log.warning("peer %s: %d conflicts and %d quarantined ops recorded (see `logsync "
-                        "conflicts` and `logsync quarantine`)", task.label, report.conflicts,
-                        report.quarantined)
+        self.round_log.ended(task.label, report, skipped_changed=skipped_changed)
 
     # ── state shared with the server and `logsync status` ─────────────
 
@@ -450,12 +433,6 @@ class Daemon:
             self.book.save(self.config.palace)
         except (OSError, LogsyncError) as exc:
             log.error("cannot save peer state in %s: %s", self.config.palace, exc)
-
-
-def _named(peer: str, message: str) -> str:
-    """One mention of the peer: messages from the engine and client already start with it."""
-    prefix = f"peer {peer}: "
-    return message if message.startswith(prefix) else prefix + message
 
 
 def serve(config: DaemonConfig, announce: Callable[[str], None] | None = None) -> None:

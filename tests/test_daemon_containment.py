@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from conftest import RemoteKit
 
 from logsync.client import PeerClient
 from logsync.daemon import Daemon, DaemonConfig, _PeerTask
@@ -22,6 +23,7 @@ from logsync.engine import Extensions, PullSchedule
 from logsync.errors import StoreError
 from logsync.peerloop import CLAIM_TTL_S, MAX_NOTIFIED
 from logsync.peers import Peer
+from logsync.report import OriginProgress, RoundReport
 
 PEER = Peer(url="http://user:secret@127.0.0.1:9/", name=None)
 
@@ -180,7 +182,6 @@ def test_a_failed_round_makes_the_next_round_full_and_claims_are_released(
     """Kills two mutants that survived: "a failed round no longer forces a full round"
     (frames may have been missed, so only a full round knows what is owed) and "claims
     are never released" (the origin would be held from every other peer)."""
-    from logsync.engine import RoundReport
     from logsync.errors import PeerTransientError
 
     origin = "rep_" + "d" * 32
@@ -217,3 +218,28 @@ def test_a_failed_round_makes_the_next_round_full_and_claims_are_released(
 
     anyio.run(go)
     assert calls == ["targeted", "full"]
+
+
+def test_a_fork_served_every_round_is_logged_once_and_a_new_one_again(
+    daemon: Daemon, caplog: Any, remote: RemoteKit
+) -> None:
+    """The ledger bumps `times_seen` for a conflict seen again; the log line every 15 s
+    for the same fork said nothing new, so only a new ledger row is logged."""
+    origin = remote.origin(1)
+    daemon.store.apply_remote([remote.op(origin, 1), remote.op(origin, 2)])
+    caplog.set_level(logging.WARNING, logger="logsync.daemon")
+
+    async def rounds() -> None:  # what `_one_round` records after each round
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope(), loop=daemon._new_loop())
+        state = daemon.book.get(PEER.key, PEER.url)
+        for seq in (1, 1, 2):  # the same fork in two rounds, then another
+            result = daemon.store.apply_remote([dict(remote.op(origin, seq), body="other")])
+            report = RoundReport(peer=task.label)
+            report.origins[origin] = OriginProgress(origin, 0, 2, 2,
+                                                    conflicts=result.conflicts)
+            daemon._record(task, state, report, full=True)
+
+    anyio.run(rounds)
+    logged = [r.getMessage() for r in caplog.records if "conflicts and" in r.getMessage()]
+    assert len(logged) == 2 and all("1 conflicts and 0 quarantined" in m for m in logged)
+    assert sorted(c["times_seen"] for c in daemon.store.list_conflicts()) == [1, 2]

@@ -275,6 +275,12 @@ class Reads:
                 self._read(f"SELECT count(*) FROM logsync_conflicts{where}", params)[0][0])
         return out
 
+    def ledger_tops(self) -> tuple[int, int]:
+        """The newest row id of the conflict and quarantine ledgers: a row recorded again
+        only bumps its `times_seen`, so these move only when something new is recorded."""
+        return (int(self._read("SELECT coalesce(max(id), 0) FROM logsync_conflicts")[0][0]),
+                int(self._read("SELECT coalesce(max(id), 0) FROM logsync_quarantine")[0][0]))
+
     def list_conflicts(
         self, limit: int = 100, *, origin: str | None = None, kind: str | None = None,
         unreviewed: bool = False,
