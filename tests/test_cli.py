@@ -519,9 +519,12 @@ def test_a_stopped_origin_points_to_where_its_op_is_held(capsys: pytest.CaptureF
                  "rep_" + "b" * 32: "store stopped this origin: id collision",
                  "rep_" + "c" * 32: "store stopped this origin: fork",
                  "rep_" + "d" * 32: "store stopped this origin: names artifact 'x', which "
-                                    "is not present"}}
+                                    "is not present",
+                 "rep_" + "e" * 32: "store stopped this origin: type 'a fork' is not "
+                                    "a fork"}}  # a quarantine reason quoting the op
     replication._print_result({"stats": stats, "report": None})
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].endswith("id collision (recorded as a conflict: logsync conflicts)")
     assert lines[1].endswith("fork (recorded as a conflict: logsync conflicts)")
     assert lines[2].endswith("(held in quarantine: logsync quarantine)")
+    assert lines[3].endswith("(held in quarantine: logsync quarantine)")

@@ -34,8 +34,13 @@ from logsync.defaults import (
 from logsync.engine import RoundReport, error_kind
 from logsync.errors import ConfigError
 from logsync.peerstate import PeerBook
+from logsync.report import STOP_STORE
 from logsync.store import Store
 from logsync.store.apply import CONFLICT_STOPS
+
+# The whole reason of a stop that recorded a conflict; any other stop quarantined its op
+# (a quarantine reason quotes the op, so it may end like these: only equality tells).
+CONFLICT_REASONS = frozenset(f"{STOP_STORE}: {stop}" for stop in CONFLICT_STOPS)
 
 
 @cli.command("serve", epilog="""\b
@@ -289,8 +294,8 @@ def _print_result(result: dict[str, Any]) -> None:
         for origin, reason in sorted(stats["failed_origins"].items()):
             click.echo(f"  {name}: origin {origin} FAILED: {reason}", err=True)
         for origin, reason in sorted(stats.get("stopped_origins", {}).items()):
-            held = "recorded as a conflict: logsync conflicts" if reason.endswith(
-                CONFLICT_STOPS) else "held in quarantine: logsync quarantine"
+            held = ("recorded as a conflict: logsync conflicts" if reason in CONFLICT_REASONS
+                    else "held in quarantine: logsync quarantine")
             click.echo(f"  {name}: origin {origin} STOPPED: {reason} ({held})", err=True)
         if result["report"] is not None and result["report"].skipped_line():
             click.echo(f"  {name}: {result['report'].skipped_line()}", err=True)
