@@ -34,12 +34,11 @@ from nacl.signing import SigningKey
 from logsync import hlc as hlc_mod
 from logsync import model
 from logsync.errors import (
-    KeyFileError,
     ReplicaIdentityError,
     StoreError,
 )
 from logsync.files import make_private_dir, remove_stale_temps, symlink_loop
-from logsync.keyfile import KEY_FILENAME, load_or_mint_signing_key, read_signing_key
+from logsync.keyfile import KEY_FILENAME
 from logsync.keys import public_key_of, sign_digest
 from logsync.replica import (
     PENDING_KEY_FILENAME,
@@ -59,6 +58,7 @@ from logsync.store.faults import (
 )
 from logsync.store.keyring import check_own_origin, known_key, record_own_key
 from logsync.store.ledgers import check_origin, review_conflicts
+from logsync.store.ownkey import key_for_reading, key_for_writing
 from logsync.store.reads import Reads
 from logsync.store.reidentify import Reidentified, reidentify_store
 from logsync.store.retry import RetryReport, retry_quarantine
@@ -77,7 +77,6 @@ MIN_FREE_BYTES = 64 * 1024  # below this a disk counts as full for health_proble
 # transaction of ~10 MB, and at 2 MiB SQLite spilled its dirty pages to the WAL mid-way
 # and wrote some again (a page's write: 0.19 s of system time per 20 000 ops, 0.13 here).
 WRITER_CACHE_KIB = 16 * 1024
-REIDENTIFY = "`logsync reidentify --yes`"  # the way on when a palace's key is lost
 
 
 IdFactory = Callable[[str], str]
@@ -208,7 +207,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
                     f"write: set it up once with write access (`logsync init {palace_path}` as "
                     "its owner)"
                 )
-            key, key_problem = _key_for_reading(palace_path)
+            key, key_problem = key_for_reading(palace_path)
         else:
             try:
                 make_private_dir(palace_path)  # 0700 if made here; never an existing one
@@ -223,7 +222,8 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
             remove_stale_temps(palace_path, (REPLICA_FILENAME, KEY_FILENAME,
                                              PENDING_KEY_FILENAME))
             rid = replica_id or get_replica_id(palace_path)
-            key, key_problem = _key_for_writing(palace_path, rid, keyless)
+            key, key_problem = key_for_writing(palace_path, palace_path / DB_FILENAME, rid,
+                                              keyless)
         try:
             store = cls(
                 palace_path, rid, wall, new_id or default_id_factory(wall), read_only=read_only,
@@ -436,68 +436,6 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         """A new replica id and signing key for this palace (`store/reidentify.py`);
         closes this store, which holds the old identity."""
         return reidentify_store(self, after)
-
-
-def _recorded_own_key(palace: Path, replica_id: str) -> bytes | None:
-    """The key the store records as its own for `replica_id` (read-only; a store that
-    cannot be read here records none: opening it says what is wrong)."""
-    db_path = palace / DB_FILENAME
-    if not db_path.is_file():
-        return None
-    try:
-        conn = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
-            row = conn.execute("SELECT public_key FROM logsync_keys WHERE origin = ? AND "
-                               "source = 'self'", (replica_id,)).fetchone()
-        finally:
-            conn.close()
-    except (sqlite3.Error, OSError, RuntimeError):
-        return None
-    return None if row is None else bytes(row[0])
-
-
-def _key_for_reading(palace: Path) -> tuple[SigningKey | None, str | None]:
-    """A read-only open's key and why there is none: reads need no key, so an absent
-    file, another user's 0600 file or a damaged one only leaves the recorded key to
-    stand in (a damaged one is named, for the CLI to warn)."""
-    try:
-        return read_signing_key(palace), None
-    except KeyFileError as exc:
-        if not os.access(palace / KEY_FILENAME, os.R_OK):
-            return None, None
-        return None, str(exc)
-
-
-def _key_for_writing(palace: Path, replica_id: str,
-                     keyless: bool) -> tuple[SigningKey | None, str | None]:
-    """A writable open's key, minted on first use. One that is lost (the store records
-    ours), damaged or another key than the recorded one is refused, naming the remedies,
-    unless `keyless`. A file this user may not read is refused even then: it is someone
-    else's key, not a lost one."""
-    try:
-        key = read_signing_key(palace)
-    except KeyFileError as exc:
-        if not os.access(palace / KEY_FILENAME, os.R_OK):
-            raise  # not ours to read: run as the palace's owner
-        if keyless:
-            return None, str(exc)
-        raise KeyFileError(f"{exc}, or give the palace a new identity: {REIDENTIFY}") \
-            from None
-    recorded = _recorded_own_key(palace, replica_id)
-    if key is not None:
-        if keyless and recorded is not None and public_key_of(key) != recorded:
-            return None, (f"the signing key {palace / KEY_FILENAME} is not the one the "
-                          f"store records for {replica_id}")
-        return key, None
-    if recorded is not None:
-        # minting now would leave a second key behind even though the open fails
-        problem = (f"the signing key {palace / KEY_FILENAME} is missing, but the store "
-                   f"records a key for {replica_id} (its ops are signed with it)")
-        if keyless:
-            return None, problem
-        raise KeyFileError(f"{problem}: restore the original key file, or give the palace "
-                           f"a new identity: {REIDENTIFY}")
-    return load_or_mint_signing_key(palace), None
 
 
 # ── argument checks ───────────────────────────────────────────────────
