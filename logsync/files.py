@@ -8,9 +8,10 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Iterable
-from contextlib import suppress
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import TextIO
 
 
 def symlink_loop(*paths: Path) -> str | None:
@@ -72,6 +73,23 @@ def write_exclusive(path: Path, text: str, *, mode: int = 0o644) -> bool:
         return True
     except FileExistsError:
         return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def whole_or_none(path: Path) -> Iterator[TextIO]:
+    """A text file written while the block runs and named `path` only when the block ends
+    without an exception (temp file beside it, then rename): an interrupted or failed
+    writer leaves the old file, or none, never a part that looks whole."""
+    remove_stale_temps(path.parent, (path.name,))
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(fd, 0o644)  # mkstemp's 0600: a trace or a report is no secret
+            yield handle
+        os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -98,7 +98,10 @@ def _main() -> None:
     except click.exceptions.NoArgsIsHelpError as exc:  # bare `logsync`: the help, not an error
         click.echo(exc.format_message())
         sys.exit(0)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:  # click's word for Ctrl-C too: that is 130
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
         _one_line("aborted", as_json)
     except click.ClickException as exc:  # usage errors too: one sentence, exit 1
         _one_line(exc.format_message(), as_json)

@@ -33,7 +33,8 @@ from logsync.cli._common import (
     open_store,
 )
 from logsync.cli.group import cli
-from logsync.errors import shorten
+from logsync.errors import ConfigError, shorten
+from logsync.files import whole_or_none
 from logsync.model import utc_now_iso
 
 if TYPE_CHECKING:
@@ -123,18 +124,27 @@ def simulate(scenario_file: str, seed: int | None, seeds: str | None, jobs: int 
         raise click.UsageError("--plot and --trace draw one run; pass --seed, not --seeds")
     scenario = load_scenario(scenario_file, variant=variant)
     if sweep is None:
-        one = scenario if seed is None else scenario.with_seed(seed)
-        report = _run_one(one, trace_file, run_scenario)
+        for target, what in ((trace_file, "trace"), (plot_file, "plot")):
+            if target is not None:  # before the run: a typo must not cost the whole run
+                _check_output(Path(target), what)
         if plot_file:
-            from logsync.sim.plot import plot_lag
+            from logsync.sim.plot import check_plot_format, plot_lag
 
+            check_plot_format(Path(plot_file))
+        one = scenario if seed is None else scenario.with_seed(seed)
+        try:
+            report = _run_one(one, trace_file, run_scenario)
+        except KeyboardInterrupt:
+            fail("interrupted: the run was stopped and its stores removed", as_json,
+                 code=EXIT_INTERRUPTED)
+        if not as_json:
+            click.echo(report.text())  # first: a plot that fails loses no report
+        if plot_file:
             plot_lag(report, plot_file)
         if as_json:
             emit_json(report.as_dict() | ({"plot": plot_file} if plot_file else {}))
-        else:
-            click.echo(report.text())
-            if plot_file:
-                click.echo(f"  plot written to {plot_file}")
+        elif plot_file:
+            click.echo(f"  plot written to {plot_file}")
         good = report.ok and report.targets_met()
     else:
         progress = not as_json and sys.stderr.isatty()
@@ -156,6 +166,17 @@ def simulate(scenario_file: str, seed: int | None, seeds: str | None, jobs: int 
         good = not summary["failed_seeds"] and not summary["targets_missed_seeds"]
     if not good:
         sys.exit(EXIT_ERROR)
+
+
+def _check_output(target: Path, what: str) -> None:
+    """A file the run will write: its directory must exist and the name be no directory."""
+    if target.is_dir():
+        raise ConfigError(f"cannot write the {what} to {target}: it is a directory")
+    parent = target.parent
+    if not parent.is_dir():
+        raise ConfigError(f"cannot write the {what} to {target}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write the {what} to {target}: {parent} is not writable")
 
 
 # ── a sweep, serial or on worker processes ─────────────────────────────
@@ -361,10 +382,19 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 
 def _run_one(scenario: Any, trace_file: str | None, run: Any) -> Any:
-    if trace_file is None:
-        return run(scenario)
-    with open(trace_file, "w", encoding="utf-8") as sink:
-        return run(scenario, trace_sink=sink)
+    """One run, its trace (if asked) named only once the run ended: Ctrl-C, SIGTERM or a
+    full disk leaves no partial trace, and an existing file stays until replaced whole.
+    SIGTERM ends it as Ctrl-C does, so its stores are removed (`sim/scratch.py`)."""
+    with _terminate_as_interrupt():
+        if trace_file is None:
+            return run(scenario)
+        target = Path(trace_file)
+        try:
+            with whole_or_none(target) as sink:
+                return run(scenario, trace_sink=sink)
+        except OSError as exc:
+            raise ConfigError(f"cannot write the trace to {target}: "
+                              f"{exc.strerror or exc}") from None
 
 
 @cli.command()

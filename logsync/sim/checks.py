@@ -185,15 +185,20 @@ class FleetVerdict:
 
 
 def check_fleet(snaps: list[Snapshot], report: Report,
-                nodes: dict[str, SimNode] | None = None) -> FleetVerdict:
+                nodes: dict[str, SimNode] | None = None, *,
+                converged: bool = True) -> FleetVerdict:
     """Identical vectors, events and artifacts everywhere, or divergence that is recorded
     (by every replica that met it, when `nodes` gives what each one met: `forks.py`).
 
     An artifact may be missing from some replicas only when every op naming it sits in
-    a recorded divergent slot (the op itself never reached them)."""
+    a recorded divergent slot (the op itself never reached them). A fleet that never
+    converged (a liveness violation already) is only checked for safety: an op or an
+    artifact some replica lacks has not arrived yet, which is lag, not divergence; two
+    contents for one slot or one artifact id, unrecorded, still are."""
     first = snaps[0]
     recorded_keys, recorded_ids = _recorded(snaps)
-    _check_vectors(snaps, report)
+    if converged:
+        _check_vectors(snaps, report)
     divergent: set[tuple[str, int]] = set()
     for snap in snaps[1:]:
         for key in set(snap.by_key) | set(first.by_key):
@@ -207,7 +212,7 @@ def check_fleet(snaps: list[Snapshot], report: Report,
             or all(event == held[0] for event in held)
         unaware = [s.node for s in snaps if (origin, seq) not in s.by_key
                    and origin not in s.recorded]
-        if named and not unaware:
+        if named and (not unaware or not converged):
             excused.update(a for event in held for a in event.get("artifact_ids") or [])
             continue
         silent += 1
@@ -228,6 +233,8 @@ def check_fleet(snaps: list[Snapshot], report: Report,
             if mine == theirs or art in excused:
                 continue
             if mine is None or theirs is None:
+                if not converged:
+                    continue  # not arrived yet
                 has, lacks = (snap, first) if mine is None else (first, snap)
                 report(5, f"artifact {art} is held by {has.node} but not by {lacks.node}, and "
                           "no recorded conflict explains it")
@@ -313,12 +320,13 @@ class Final:
 
 
 def final(nodes: dict[str, SimNode], authored: dict[str, dict[str, Any]], agents: list[str],
-          report: Report) -> Final:
+          report: Report, *, converged: bool = True) -> Final:
     """Every up node alone, then the fleet, then the views (when the fleet is identical)."""
     snaps = [snapshot(n) for n in nodes.values() if n.up]
     for snap in snaps:
         check_node(snap, nodes[snap.node], authored, report)
-    verdict = check_fleet(snaps, report, nodes) if len(snaps) > 1 else None
+    verdict = check_fleet(snaps, report, nodes, converged=converged) \
+        if len(snaps) > 1 else None
     view_summary = check_views(snaps, agents, report) \
         if verdict is not None and verdict.identical else {}
     return Final(snaps, verdict, view_summary)

@@ -98,18 +98,22 @@ def _start_flap(ctx: FaultContext, fault: Fault, until: float) -> None:
     label = f"flap {','.join(fault.nodes)}"
     cut = ctx.net.add_cut(Cut(label, lambda a, b: a in pair and b in pair))
     _window(ctx, fault, until, label)
+    ctx.schedule(to_us(until), _end_cut, (ctx, cut))  # at `until`, not at the next flip
     _toggle(ctx, cut, fault.period / 2, until)
 
 
 def _toggle(ctx: FaultContext, cut: Cut, half: float, until: float) -> None:
-    if not ctx.in_safety() or ctx.clock.now >= until:
+    if not ctx.in_safety():
         ctx.net.remove_cut(cut)
         return
     ctx.trace.fault(f"{cut.label} {'down' if cut.active else 'up'}")
-    ctx.schedule(ctx.clock.now_us + to_us(half), _flip, (ctx, cut, half, until))
+    if ctx.clock.now + half < until:
+        ctx.schedule(ctx.clock.now_us + to_us(half), _flip, (ctx, cut, half, until))
 
 
 def _flip(ctx: FaultContext, cut: Cut, half: float, until: float) -> None:
+    if cut not in ctx.net.cuts:  # healed meanwhile
+        return
     cut.active = not cut.active
     if not cut.active:
         ctx.reconnect([cut])

@@ -18,6 +18,17 @@ def _unit(span: float) -> tuple[float, str]:
     return 1.0, "seconds"
 
 
+def check_plot_format(path: Path) -> None:
+    """The file name's suffix must be a format matplotlib writes (checked before a run)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        raise ConfigError(f"cannot draw the plot as {path}: {suffix or 'no suffix'!r} is not "
+                          f"an image format; name the file .png (or {', '.join(sorted(formats))})")
+
+
 def plot_lag(report: SimReport, path: str | Path) -> Path:
     """Write a PNG; an unwritable path is one ConfigError sentence."""
     import matplotlib

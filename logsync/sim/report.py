@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shlex
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +116,22 @@ class SimReport:
     def targets_met(self) -> bool:
         return all(t["met"] for t in self.targets().values())
 
+    def missed(self) -> list[str]:
+        """The targets this run missed, by name."""
+        return [name for name, t in self.targets().items() if not t["met"]]
+
+    def verdict(self) -> str:
+        """OK; FAILED (an invariant or liveness broke); or TARGETS MISSED (naming them)."""
+        if not self.ok:
+            return "FAILED"
+        missed = self.missed()
+        return f"TARGETS MISSED ({', '.join(missed)})" if missed else "OK"
+
+    def replay(self) -> str:
+        """The command that runs this seed again, as a shell reads it."""
+        variant = f" --variant {shlex.quote(self.variant)}" if self.variant else ""
+        return f"logsync simulate {shlex.quote(self.source)}{variant} --seed {self.seed}"
+
     def max_lag(self) -> dict[str, int]:
         return {name: max((s[1][i] for s in self.samples), default=0)
                 for i, name in enumerate(self.nodes)}
@@ -122,7 +139,8 @@ class SimReport:
     def as_dict(self, *, samples: bool = True) -> dict[str, Any]:
         out = {
             "scenario": self.scenario, "variant": self.variant, "seed": self.seed,
-            "source": self.source, "ok": self.ok, "trace_hash": self.trace_hash,
+            "source": self.source, "ok": self.ok, "targets_missed": self.missed(),
+            "replay": self.replay(), "trace_hash": self.trace_hash,
             "trace_lines": self.trace_lines, "nodes": self.nodes,
             "virtual_time": {"duration_s": self.duration, "heal_at_s": self.heal_at,
                              "converged_at_s": self.converged_at,
@@ -156,8 +174,10 @@ class SimReport:
 
     def text(self) -> str:
         name = self.scenario + (f" [{self.variant}]" if self.variant else "")
-        lines = [f"scenario {name} seed={self.seed}: {'OK' if self.ok else 'FAILED'}",
+        lines = [f"scenario {name} seed={self.seed}: {self.verdict()}",
                  f"  trace sha256 {self.trace_hash} ({self.trace_lines} lines)"]
+        if self.verdict() != "OK":
+            lines.append(f"  replay with `{self.replay()}`")
         conv = "never" if self.convergence_s is None else f"{self.convergence_s:.3f} s"
         lines.append(f"  nodes {len(self.nodes)}, events {self.events}, artifacts "
                      f"{self.artifacts}, applies {self.applies}")
@@ -173,7 +193,8 @@ class SimReport:
         lines.append(f"  rounds {self.rounds} ({self.rounds_failed} failed)")
         lines.append(f"  reach every node: median {_fmt(self.reach_median)} s, p99 "
                      f"{_fmt(self.reach_p99)} s, max {_fmt(self.reach_max)} s "
-                     f"({self.reach_count}/{self.events} events, lost {self.lost})")
+                     f"({self.reach_count}/{self.events} events, {self.lost} never reached "
+                     "every node)")
         for target, t in self.targets().items():
             lines.append(f"  target {target} < {t['target']:g}: got {_fmt(t['got'])} "
                          f"{'met' if t['met'] else 'MISSED'}")
@@ -190,8 +211,7 @@ class SimReport:
             if len(self.faults) > 12:
                 lines.append(f"    ... {len(self.faults) - 12} more (see --json)")
         if self.violations:
-            lines.append(f"  VIOLATIONS ({len(self.violations)}), replay with "
-                         f"`logsync simulate {self.source} --seed {self.seed}`:")
+            lines.append(f"  VIOLATIONS ({len(self.violations)}):")
             lines += [f"    {v.line()}" for v in self.violations[:20]]
         lines.append(f"  wall clock {self.wall_seconds:.2f} s")
         return "\n".join(lines)
@@ -231,19 +251,23 @@ def summarise(reports: list[SimReport], errors: dict[int, str] | None = None) ->
         "conflicts": sum(sum(r.conflicts.values()) for r in reports),
         "quarantined": sum(sum(r.quarantined.values()) for r in reports),
         "wall_seconds": round(sum(r.wall_seconds for r in reports), 3),
-        "seeds": sorted([{"seed": r.seed, "ok": r.ok, "trace_hash": r.trace_hash,
+        "seeds": sorted([{"seed": r.seed, "ok": r.ok, "targets_missed": r.missed(),
+                          "trace_hash": r.trace_hash,
                           "violations": [v.line() for v in r.violations][:5]} for r in reports]
-                        + [{"seed": seed, "ok": False, "trace_hash": None, "violations": [],
-                            "error": error} for seed, error in errors.items()],
+                        + [{"seed": seed, "ok": False, "targets_missed": [], "trace_hash": None,
+                            "violations": [], "error": error} for seed, error in errors.items()],
                         key=lambda entry: entry["seed"]),
     }
 
 
 def summary_text(summary: dict[str, Any], name: str) -> str:
+    missed = summary["targets_missed_seeds"]
     lines = [f"sweep {name}: {summary['runs']} seeds, "
              f"{len(summary['failed_seeds'])} failed"
              + (f" ({', '.join(map(str, summary['failed_seeds']))})"
-                if summary["failed_seeds"] else "")]
+                if summary["failed_seeds"] else "")
+             + (f", {len(missed)} missed targets ({', '.join(map(str, missed))})"
+                if missed else "")]
     for key in ("convergence_s", "requests_per_event", "messages_per_event", "reach_median_s",
                 "reach_max_s"):
         if summary[key]:
@@ -255,6 +279,8 @@ def summary_text(summary: dict[str, Any], name: str) -> str:
             lines.append(f"  seed {seed['seed']}: error: {seed['error']}")
         elif not seed["ok"]:
             lines.append(f"  seed {seed['seed']}: " + "; ".join(seed["violations"][:2]))
+        if seed.get("targets_missed"):
+            lines.append(f"  seed {seed['seed']}: missed {', '.join(seed['targets_missed'])}")
     # Wall clock last, on a line of its own: the one line that differs between runs.
     elapsed = summary.get("elapsed_seconds")
     lines.append(f"  wall clock {summary['wall_seconds']} s over the seeds"

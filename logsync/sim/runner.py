@@ -388,7 +388,8 @@ class Simulation:
         self.done = True
         if self.converged_us is not None:
             self.samples.append((self.clock.now, [0] * len(self.nodes)))
-        final = checks.final(self.nodes, self.registry.copies, self.everyone, self.violation)
+        final = checks.final(self.nodes, self.registry.copies, self.everyone, self.violation,
+                             converged=self.converged_us is not None)
         self.final = final  # what the last checks saw (tests read the snapshots)
         for node in self.nodes.values():
             node.crash("end of run")

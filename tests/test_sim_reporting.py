@@ -1,0 +1,151 @@
+"""What a run tells the person who must trust and replay it: a missed target is named
+and exits 1 with a replay command that reproduces the run (variant included); a fleet
+that never converged is a liveness failure, not silent divergence; a flap ends at its
+`until`; `--trace` and `--plot` are checked before the run and never leave half a file."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from logsync.files import whole_or_none
+from logsync.sim import parse_scenario, run_scenario
+from logsync.sim.scratch import scratch_base
+
+TINY = """
+name = "tiny"
+duration = "4s"
+[nodes]
+count = 3
+[network]
+latency = "20ms"
+[sync]
+interval = "1s"
+[[workload]]
+rate = 10
+[expect]
+converge_within = "10s"
+[variants.strict.expect]
+median_reach = "1ms"
+"""
+
+
+def _simulate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "logsync", "simulate", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_a_missed_target_is_named_and_its_replay_command_reproduces_the_run(
+        tmp_path: Path) -> None:
+    (tmp_path / "my tiny.toml").write_text(TINY)
+    done = _simulate("my tiny.toml", "--variant", "strict", "--seed", "3", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    header = done.stdout.splitlines()[0]
+    assert header.endswith("seed=3: TARGETS MISSED (median_reach_s)")
+    (replay,) = re.findall(r"replay with `([^`]+)`", done.stdout)
+    assert replay == "logsync simulate 'my tiny.toml' --variant strict --seed 3"
+    again = _simulate(*shlex.split(replay)[2:], cwd=tmp_path)
+    assert again.stdout.splitlines()[:2] == done.stdout.splitlines()[:2]
+    sweep = _simulate("my tiny.toml", "--variant", "strict", "--seeds", "1..2", "--json",
+                      cwd=tmp_path)
+    summary = json.loads(sweep.stdout)
+    assert sweep.returncode == 1 and summary["targets_missed_seeds"] == [1, 2]
+    assert [s["targets_missed"] for s in summary["seeds"]] == [["median_reach_s"]] * 2
+    text = _simulate("my tiny.toml", "--variant", "strict", "--seeds", "1..2", cwd=tmp_path)
+    assert "2 missed targets (1, 2)" in text.stdout.splitlines()[0]
+    assert "  seed 1: missed median_reach_s" in text.stdout.splitlines()
+
+
+def test_a_fleet_that_never_converged_is_reported_as_lag_not_divergence() -> None:
+    scenario = parse_scenario(TINY.replace('converge_within = "10s"', 'converge_within = "1ms"')
+                              + '[[fault]]\nkind = "partition"\nat = "1s"\nuntil = "4s"\n'
+                              'groups = [["n0"], ["n1", "n2"]]\n', source="tiny.toml")
+    report = run_scenario(scenario.with_seed(2))
+    lines = [v.line() for v in report.violations]
+    assert report.convergence_s is None and any("not converged" in line for line in lines)
+    assert not [line for line in lines if "invariant 5" in line or "after convergence" in line]
+    assert "never reached every node" in report.text()
+
+
+def test_a_flap_heals_at_its_until_not_at_its_next_flip() -> None:
+    scenario = parse_scenario(TINY + """
+[[fault]]
+kind = "flap"
+nodes = ["n0", "n1"]
+at = "1s"
+until = "1.7s"
+period = "1s"
+""", source="tiny.toml")
+    sink = io.StringIO()
+    run_scenario(scenario.with_seed(1), trace_sink=sink)
+    lines = sink.getvalue().splitlines()
+    (healed,) = [i for i, line in enumerate(lines) if "heal flap n0,n1" in line]
+    assert lines[healed].split()[0] == "1700000", lines[healed]  # virtual us
+    assert not [line for line in lines[healed:] if "cut=flap" in line]
+
+
+def test_trace_and_plot_targets_are_refused_before_the_run(tmp_path: Path) -> None:
+    (tmp_path / "tiny.toml").write_text(TINY)
+    for args, says in ((("--trace", "nodir/t.txt"), "cannot write the trace to nodir/t.txt"),
+                       (("--plot", "out.txt"), "'txt' is not an image format"),
+                       (("--plot", "nodir/x.png"), "cannot write the plot to nodir/x.png")):
+        done = _simulate("tiny.toml", *args, cwd=tmp_path)
+        assert done.returncode == 1 and says in done.stderr, done.stderr
+        assert "trace sha256" not in done.stdout  # refused before any run
+
+
+def test_a_file_written_whole_or_none_keeps_the_old_one_when_the_writer_fails(
+        tmp_path: Path) -> None:
+    target = tmp_path / "trace.txt"
+    target.write_text("the old trace\n")
+    with pytest.raises(KeyboardInterrupt), whole_or_none(target) as sink:
+        sink.write("half of a new one")
+        raise KeyboardInterrupt
+    assert target.read_text() == "the old trace\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.txt"]
+    with whole_or_none(target) as sink:
+        sink.write("a whole new one\n")
+    assert target.read_text() == "a whole new one\n"
+    assert oct(target.stat().st_mode & 0o777) == "0o644"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_single_run_stopped_by_a_signal_exits_130_and_leaves_no_store(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    """Ctrl-C was 'Error: aborted', exit 1 (a failing seed's code); SIGTERM left the run's
+    stores in /dev/shm for the next run to clean."""
+    (tmp_path / "long.toml").write_text(TINY.replace('duration = "4s"', 'duration = "2h"'))
+    trace = tmp_path / "t.txt"
+    before = _scratch_dirs()
+    proc = subprocess.Popen([sys.executable, "-m", "logsync", "simulate", "long.toml",
+                             "--trace", str(trace)], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not _scratch_dirs() - before and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the run has made its stores
+        mine = _scratch_dirs() - before  # another process's run may come and go too
+        assert mine, "the run never started"
+        time.sleep(0.5)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert proc.returncode == 130, out + err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not [path for path in mine if path.exists()] and not trace.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.toml"]
+
+
+def _scratch_dirs() -> set[Path]:
+    return set(scratch_base().glob("logsync-sim-*"))
