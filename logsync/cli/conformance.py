@@ -25,8 +25,11 @@ Examples:
   logsync conformance http://127.0.0.1:8742 --token T --writable  # also pushes 2 ops
 
 Exit status: 0 every applicable check passes; 1 a check failed (each failure is one line
-naming its RFC 004 section, the value and the rule), or a usage error; 2 the peer cannot
-be checked (unreachable, refuses the token, or its version vector is unusable).""")
+naming its RFC 004 section, the value and the rule), or a usage error (a URL carrying a
+user name or password among them); 2 the peer cannot be checked (unreachable, refuses the
+token, or its version vector is unusable), or the run is incomplete: the kit's own
+--deadline or --max-requests ran out before every check was made and none had failed
+(one 'incomplete:' line names the request not made).""")
 @click.argument("url")
 @click.option("--token", envvar="LOGSYNC_PEER_TOKEN",
               help="Bearer token for the peer (env LOGSYNC_PEER_TOKEN); with it the kit also "

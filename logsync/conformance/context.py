@@ -10,6 +10,7 @@ from typing import Any
 from logsync.conformance.probe import Probe, Reply
 from logsync.conformance.report import Report
 from logsync.errors import shorten
+from logsync.replica import mint_replica_id
 from logsync.wire import ADVERTISEMENT_KEY, Extensions, PeerVector
 
 # How much of the peer the read checks look at: a bounded sample, never the whole log.
@@ -111,10 +112,16 @@ class Run:
         return [origin for origin, top in held if top > 0][:MAX_ORIGINS]
 
 
+def fresh_origin() -> str:
+    """A well-formed replica id no peer holds: the origin of questions whose answer is an
+    empty page (or a refusal) whatever the peer holds."""
+    return mint_replica_id()
+
+
 def status_problem(reply: Reply, what: str, expected: int = 200) -> str | None:
     """Why an answer is not a `expected` JSON object (or msgpack map), or None."""
     if reply.status != expected:
-        return f"{what} answered HTTP {reply.status} ({shorten(reply.body[:120])}); expected " \
+        return f"{what} answered HTTP {reply.status} ({reply.text()}); expected " \
                f"{expected}"
     if reply.problem is not None:
         return f"{what} {reply.problem}"

@@ -5,12 +5,15 @@ A conformance kit talks to peers it does not trust: every answer's bytes are cap
 (`client.MAX_RESPONSE_BYTES`), every request has a deadline (httpx's timeouts are per
 read, so a peer dripping one byte at a time is stopped by the clock between chunks),
 the run has a total deadline and a request budget, and decoding is `answers.decode_answer`
-(the puller's own bounds). Unlike the client it never retries and never raises for a
-status: the status is what a check looks at.
+(the puller's own bounds) after §7's stricter rules (`decoded`). Unlike the client it never
+retries and never raises for a status: the status is what a check looks at. The run's own
+limits (deadline, budget) raise `OutOfBudget`: the run is then incomplete, not the peer
+at fault.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -29,9 +32,11 @@ from logsync.answers import (
 from logsync.client import MAX_RESPONSE_BYTES, tls_context
 from logsync.conformance import DEFAULT_DEADLINE_S, DEFAULT_MAX_REQUESTS, DEFAULT_TIMEOUT_S
 from logsync.errorcodes import ERRORS_CODED, ERRORS_HEADER
-from logsync.errors import LogsyncError, PeerError
+from logsync.errors import LogsyncError, PeerError, shorten
 
 WATCHDOG_GRACE_S = 0.5  # past a request's budget before its client is closed
+JSON_TYPE = "application/json"
+PACKED_TYPES = (MSGPACK_TYPE, "application/x-msgpack")
 
 
 class ProbeError(LogsyncError):
@@ -40,7 +45,8 @@ class ProbeError(LogsyncError):
 
 
 class OutOfBudget(ProbeError):
-    """The run's deadline or request budget is spent: no further request is made."""
+    """The run's deadline or request budget is spent (before or during a request): no
+    further request is made, and the run is incomplete rather than the peer at fault."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,10 @@ class Reply:
 
     def is_json_object(self) -> bool:
         return isinstance(self.data, dict)
+
+    def text(self, limit: int = 80) -> str:
+        """The body's start as text for a sentence (not a bytes repr), one line."""
+        return shorten(self.body[:4 * limit].decode("utf-8", errors="replace"), limit)
 
 
 class Probe:
@@ -131,7 +141,9 @@ class Probe:
             headers["Authorization"] = auth
         if content is not None:
             headers["Content-Type"] = "application/json"
-        budget = min(self.timeout, left)
+        # when the run's deadline is nearer than --timeout, running out of time is the
+        # kit's limit, not the peer's fault
+        budget, capped = min(self.timeout, left), left < self.timeout
         ends = time.monotonic() + budget
         # httpx's timeouts are per read: a peer dripping its status line or headers a byte
         # at a time would never trip them. A watchdog closes the client at the deadline.
@@ -143,13 +155,12 @@ class Probe:
             with http.stream(method, path, params=params, headers=headers, content=content,
                              timeout=httpx.Timeout(budget, connect=min(5.0, budget))
                              ) as response:
-                body = self._read(response, where, ends) if read_body else b""
+                body = self._read(response, where, ends, capped) if read_body else b""
                 status, ctype, got = (response.status_code,
                                       response.headers.get("content-type", ""), response.headers)
         except (httpx.HTTPError, httpx.StreamError, RuntimeError) as exc:
-            if cut.is_set():
-                raise ProbeError(f"{self.label}: {where} did not finish within "
-                                 f"{budget:g} s") from None
+            if cut.is_set() or (capped and isinstance(exc, httpx.TimeoutException)):
+                raise self._late(where, budget, capped) from None
             if isinstance(exc, RuntimeError):
                 raise
             error = translate_transport(exc, f"{self.label}: {where}", self.label)
@@ -158,15 +169,18 @@ class Probe:
             watchdog.cancel()
             if cut.is_set():
                 self._http = self._client()  # the closed one takes no more requests
-        data, problem = None, None
-        if body:
-            try:
-                data = decode_answer(ctype, body, where, self.label)
-            except PeerError as exc:
-                problem = str(exc).removeprefix(f"{where} ")
+        data, problem = decoded(ctype, body, where, self.label, msgpack) if body else (None, None)
         return Reply(status, ctype.split(";")[0].strip().lower(), body, data, problem, got)
 
-    def _read(self, response: httpx.Response, where: str, ends: float) -> bytes:
+    def _late(self, where: str, budget: float, capped: bool) -> ProbeError:
+        """A request out of time: the peer's fault past --timeout, the run's limit when
+        the kit's deadline came first."""
+        if capped:
+            return OutOfBudget(f"the kit's deadline passed during {where}")
+        return ProbeError(f"{self.label}: {where} did not finish within {budget:g} s")
+
+    def _read(self, response: httpx.Response, where: str, ends: float,
+              capped: bool) -> bytes:
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
             raise ProbeError(f"{self.label}: {where} announced a {declared}-byte answer; the "
@@ -181,6 +195,69 @@ class Probe:
                 raise ProbeError(f"{self.label}: {where} sent more than the kit's cap of "
                                  f"{self.max_bytes} bytes")
             if time.monotonic() > ends:
-                raise ProbeError(f"{self.label}: {where} did not finish within "
-                                 f"{self.timeout:g} s")
+                raise self._late(where, self.timeout, capped)
         return bytes(body)
+
+
+def decoded(content_type: str, body: bytes, where: str, peer: str,
+            msgpack_asked: bool) -> tuple[Any, str | None]:
+    """The body decoded, or None and why not. Stricter than a puller (whose json.loads
+    takes UTF-16, NaN and a missing type): §7's JSON answers are `application/json;
+    charset=utf-8` in UTF-8, and msgpack only to a request that asked for it."""
+    media, _, params = content_type.partition(";")
+    media = media.strip().lower()
+    if media in PACKED_TYPES and not msgpack_asked:
+        return None, (f"answered Content-Type {media} to a request that accepted only "
+                      f"{JSON_TYPE}")
+    if media not in (JSON_TYPE, *PACKED_TYPES):
+        shown = f"Content-Type {shorten(media)}" if media else "with no Content-Type"
+        return None, f"answered {shown}; JSON answers are {JSON_TYPE}; charset=utf-8 (§7)"
+    problem = _encoding_problem(params, body) if media == JSON_TYPE else None
+    if problem is not None:
+        return None, problem
+    try:
+        data = decode_answer(content_type, body, where, peer)  # the bounds, then the parse
+    except PeerError as exc:
+        return None, str(exc).removeprefix(f"{where} ")
+    if media == JSON_TYPE and (b"NaN" in body or b"Infinity" in body):
+        constant = _constant(body.decode("utf-8"))
+        if constant is not None:
+            return None, f"sent {constant} in a JSON body; JSON has no such value"
+    return data, None
+
+
+def _encoding_problem(params: str, body: bytes) -> str | None:
+    """Why a JSON body breaks §7's encoding (a charset other than utf-8, bytes that are
+    not UTF-8, a byte order mark or NUL: UTF-16/32), or None."""
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        charset = value.strip().strip('"').lower()
+        if name.strip().lower() == "charset" and charset != "utf-8":
+            return f"answered charset={shorten(charset)}; JSON answers are UTF-8 (§7)"
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"sent a JSON body that is not UTF-8 ({exc.reason} at byte {exc.start})"
+    if body.startswith(b"\xef\xbb\xbf") or b"\x00" in body:
+        return ("sent a JSON body that is not UTF-8 (a byte order mark or a NUL byte: "
+                "UTF-16 or UTF-32?)")
+    return None
+
+
+class _Constant(Exception):
+    """Stops json's parse at the first NaN or Infinity (its `parse_constant` hook)."""
+
+
+def _constant(text: str) -> str | None:
+    """The first NaN, Infinity or -Infinity outside a string, or None (asked only of a
+    body `decode_answer` took: within its bounds, and well-formed)."""
+    def refuse(name: str) -> Any:
+        raise _Constant(name)
+
+    try:
+        json.loads(text, parse_constant=refuse)
+    except _Constant as exc:
+        return str(exc)
+    except (ValueError, RecursionError):
+        return None
+    return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import secrets
 from typing import Any
+from urllib.parse import urlencode
 
 import msgpack
 
@@ -15,6 +16,7 @@ from logsync.conformance.context import (
     MAX_WALK_PAGES,
     WALK_LIMIT,
     Run,
+    fresh_origin,
     status_problem,
 )
 from logsync.errors import PeerProtocolError, ValidationError, shorten
@@ -113,10 +115,10 @@ def ops(run: Run, origin: str, after: int, limit: int, **extra: Any) -> Any:
 
 
 def check_page(run: Run, reply: Any, origin: str, after: int, limit: int, check: str,
-               **asked: bool) -> list[dict[str, Any]] | None:
+               where: str | None = None, **asked: bool) -> list[dict[str, Any]] | None:
     """The page's events when `wire.parse_page` takes it and its `count` and `origin` are
     its own; else None, the problem tallied under §7.2 `check`."""
-    where = f"/sync/ops?origin={origin}&after={after}&limit={limit}"
+    where = where or f"/sync/ops?origin={origin}&after={after}&limit={limit}"
     problem = status_problem(reply, where)
     if problem is None:
         try:
@@ -188,14 +190,17 @@ def check_ops(run: Run) -> None:
     origins = run.origins()
     for origin in origins:
         walk(run, origin)
+    _unknown_origin(run)
+    _defaults(run)
     if not origins:
         for section, check in (("§7.2", "page-order-and-after"), ("§4", "event-valid"),
                                ("§5", "hlc-rises-with-origin-seq"),
-                               ("§6", "walk-reaches-vector")):
+                               ("§6", "walk-reaches-vector"), ("§6", "vector-top-held")):
             run.report.not_applicable(section, check, "the peer holds no ops")
         return
     for origin in origins:
         _offsets(run, origin)
+        _top_held(run, origin)
     _upstream_cap(run, origins[0])
     _msgpack_same(run, run.sound()[:1])
 
@@ -219,6 +224,57 @@ def _offsets(run: Run, origin: str) -> None:
     if page and not grew(run, origin, page[-1]["origin_seq"]):
         run.tally.bad("§7.2", "empty-above-top", f"/sync/ops?origin={origin}&after={top} (its "
                       f"version_vector entry) served {len(page)} ops; expected none")
+
+
+def _unknown_origin(run: Run) -> None:
+    """An origin the peer does not hold is an empty 200 page, whatever its vector (asked
+    of every peer: one holding no ops is otherwise never asked a valid question)."""
+    origin = fresh_origin()
+    where = f"/sync/ops?origin={origin}&after=0&limit=2 (an origin held nowhere)"
+    page = check_page(run, ops(run, origin, 0, 2), origin, 0, 2, "unknown-origin-empty", where)
+    if page:
+        run.tally.bad("§7.2", "unknown-origin-empty", f"{where} served {len(page)} ops; "
+                      "expected an empty page")
+
+
+def _defaults(run: Run) -> None:
+    """`after` defaults to 0 and `limit` to 500, also when given empty: both questions get
+    the walk's first page of 500 (an origin held nowhere: an empty page)."""
+    sound = run.sound()
+    if run.origins() and not sound:
+        run.report.not_applicable("§7.2", "defaults", "no origin's walk passed to compare with")
+        return
+    origin = sound[0] if sound else fresh_origin()
+    want = [e["origin_seq"] for e in run.walked.get(origin, [])[:UPSTREAM_PAGE_LIMIT]]
+    for params in ({"origin": origin}, {"origin": origin, "after": "", "limit": ""}):
+        where = f"{OPS}?{urlencode(params)}"
+        page = check_page(run, run.probe.get(OPS, params), origin, 0, UPSTREAM_PAGE_LIMIT,
+                          "defaults", where)
+        if page is None:
+            continue
+        got = [e["origin_seq"] for e in page]
+        longer = len(got) > len(want) and (not run.complete.get(origin, True) or grew(
+            run, origin, got[-1]))  # a walk cut short, or a peer written to meanwhile
+        run.tally.check("§7.2", "defaults", None if got[:len(want)] == want and (
+            len(got) == len(want) or longer) else
+            f"{where} served {len(got)} ops starting at origin_seq "
+            f"{got[0] if got else None}; expected {len(want)} starting at "
+            f"{want[0] if want else None} (after defaults to 0, limit to "
+            f"{UPSTREAM_PAGE_LIMIT})")
+
+
+def _top_held(run: Run, origin: str) -> None:
+    """§6: the vector's entry is the greatest origin_seq held, so `after=<entry - 1>`
+    serves that very op (the walk is bounded; this reaches any origin's top)."""
+    top = run.vector.vector[origin]
+    page = check_page(run, ops(run, origin, top - 1, 1), origin, top - 1, 1, "after-offset")
+    if page is None:
+        return
+    first = page[0]["origin_seq"] if page else None
+    run.tally.check("§6", "vector-top-held", None if first == top else
+                    f"/sync/ops?origin={origin}&after={top - 1}&limit=1 served "
+                    f"{f'origin_seq {first}' if page else 'no op'}; its version_vector "
+                    f"entry is {top}, so op {top} must be held")
 
 
 def _upstream_cap(run: Run, origin: str) -> None:

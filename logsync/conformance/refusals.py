@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 from urllib.parse import urlencode
 
-from logsync.conformance.context import Run
+from logsync.conformance.context import Run, fresh_origin
 from logsync.conformance.probe import Reply
 from logsync.errorcodes import ERROR_CODES, ERRORS_CODED, ERRORS_HEADER, code_of, reason_of
 from logsync.errors import shorten
@@ -38,7 +38,7 @@ def shape_problem(reply: Reply, advertised: bool, where: str) -> str | None:
     if advertised:
         code = code_of(data)
         if code is None or not reason_of(data):
-            return (f"{where} answered {shorten(reply.body[:160])}; a peer advertising "
+            return (f"{where} answered {reply.text()}; a peer advertising "
                     "logsync answers {\"error\": CODE, \"reason\": SENTENCE} with CODE from "
                     "the error table")
         if ERROR_CODES[code][0] != reply.status:
@@ -47,7 +47,7 @@ def shape_problem(reply: Reply, advertised: bool, where: str) -> str | None:
         return None
     if isinstance(data, dict) and isinstance(data.get("error"), str) and data["error"].strip():
         return None
-    return (f"{where} answered {shorten(reply.body[:160])}; expected upstream's "
+    return (f"{where} answered {reply.text()}; expected upstream's "
             "{\"error\": SENTENCE}")
 
 
@@ -91,35 +91,41 @@ def _upstream_shape_kept(run: Run, origin: str) -> None:
     elif isinstance(data, dict) and set(data) == {"error"} and isinstance(data["error"], str):
         problem = None
     else:
-        problem = (f"{where} answered {shorten(reply.body[:160])}; a client that did not ask "
+        problem = (f"{where} answered {reply.text()}; a client that did not ask "
                    "for codes gets upstream's {\"error\": SENTENCE} on an upstream route")
     run.tally.check("§11", "upstream-shape-without-codes", problem)
 
 
 def check_auth(run: Run) -> None:
-    """With a token given: no token and a wrong one are both 401."""
+    """With a token given: no token and a wrong one are both 401 on each mandatory route
+    (§7 rule 2: every route but /healthz; the ops and artifact asked of nothing held)."""
     if not run.probe.token:
         run.report.not_applicable("§12", "token-required", "no --token given: an open peer "
                                   "and one that checks tokens look alike")
         return
     advertised = run.advert is not None
     wrong = f"Bearer conformance-wrong-{secrets.token_hex(8)}"
-    for check, auth in (("token-required", None), ("wrong-token-refused", wrong)):
-        where = "/sync/version_vector " + ("without a token" if auth is None else
-                                           "with a wrong token")
-        reply = run.probe.get("/sync/version_vector", auth=auth)
-        if reply.status != 401:
-            run.report.failed("§12", check, f"{where} answered HTTP {reply.status}; "
+    routes: list[tuple[str, dict[str, str]]] = [
+        ("/sync/version_vector", {}),
+        ("/sync/ops", {"origin": fresh_origin(), "after": "0", "limit": "1"}),
+        ("/sync/artifact", {"id": "art_x"})]
+    for path, params in routes:
+        query = urlencode(params)
+        for check, auth in (("token-required", None), ("wrong-token-refused", wrong)):
+            where = f"{path}{'?' + query if query else ''} " + (
+                "without a token" if auth is None else "with a wrong token")
+            reply = run.probe.get(path, params, auth=auth)
+            if reply.status != 401:
+                run.tally.bad("§12", check, f"{where} answered HTTP {reply.status}; "
                               "expected 401")
-            continue
-        challenge = reply.headers.get("www-authenticate", "")
-        if advertised:  # a hub's 401 is http.server's HTML page, with no challenge
-            run.tally.check("§12", "www-authenticate", None if challenge.lower().startswith(
-                "bearer") else f"{where} answered 401 with WWW-Authenticate "
-                f"{shorten(challenge)}; expected Bearer")
-        if advertised:
-            run.tally.check("§11", "unauthorized-shape", shape_problem(reply, True, where))
-        run.report.passed("§12", check)
+                continue
+            challenge = reply.headers.get("www-authenticate", "")
+            if advertised:  # a hub's 401 is http.server's HTML page, with no challenge
+                run.tally.check("§12", "www-authenticate", None if challenge.lower(
+                ).startswith("bearer") else f"{where} answered 401 with WWW-Authenticate "
+                    f"{shorten(challenge)}; expected Bearer")
+                run.tally.check("§11", "unauthorized-shape", shape_problem(reply, True, where))
+            run.tally.ok("§12", check)
 
 
 def check_snapshot(run: Run) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 PASS, FAIL, NA = "pass", "fail", "n/a"
 EXIT_PASS, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
+EXIT_INCOMPLETE = EXIT_UNUSABLE  # the run's own deadline or budget cut it short
 
 # The sections the kit checks, in the order they print (RFC 004's numbering).
 SECTIONS: dict[str, str] = {
@@ -52,6 +53,8 @@ class Report:
     peer: str
     outcomes: list[Outcome] = field(default_factory=list)
     unusable: str | None = None  # why the peer could not be checked at all (exit 2)
+    # the kit's own limit that cut the run short (exit 2 unless a check already failed)
+    incomplete: str | None = None
     requests: int = 0
     seconds: float = 0.0
 
@@ -81,7 +84,9 @@ class Report:
     def exit_code(self) -> int:
         if self.unusable is not None:
             return EXIT_UNUSABLE
-        return EXIT_FAIL if self.failures() else EXIT_PASS
+        if self.failures():  # a failure stands however far the run got
+            return EXIT_FAIL
+        return EXIT_INCOMPLETE if self.incomplete is not None else EXIT_PASS
 
     def as_dict(self) -> dict[str, Any]:
         sections = []
@@ -91,6 +96,7 @@ class Report:
                              "verdict": self.section_verdict(section),
                              "checks": [o.as_dict() for o in mine]})
         return {"peer": self.peer, "exit_code": self.exit_code(), "unusable": self.unusable,
+                "incomplete": self.incomplete,
                 "requests": self.requests, "seconds": round(self.seconds, 3),
                 "sections": sections, "failures": [o.as_dict() for o in self.failures()]}
 
@@ -110,7 +116,12 @@ class Report:
                     out.append(f"      FAIL {o.check}: {o.sentence}")
                 elif o.verdict == NA and verdict == NA:
                     out.append(f"      n/a  {o.check}: {o.sentence}")
+        if self.incomplete is not None:
+            out.append(f"incomplete: {' '.join(self.incomplete.split())}; the checks after "
+                       "it were not made")
         failed = len(self.failures())
-        out.append("all applicable checks pass" if not failed else
-                   f"{failed} check{'s' if failed != 1 else ''} failed")
+        if failed:
+            out.append(f"{failed} check{'s' if failed != 1 else ''} failed")
+        elif self.incomplete is None:
+            out.append("all applicable checks pass")
         return out

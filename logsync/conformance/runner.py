@@ -1,12 +1,14 @@
 """One conformance run: read the peer's vector (a peer whose vector cannot be read is
 unusable, exit 2), then each stage of checks in RFC order. A request that gets no answer
-to judge fails the stage's section with its sentence and the run goes on; a spent deadline
-or request budget ends the run there."""
+to judge fails the stage's section with its sentence and the run goes on; the kit's own
+deadline or request budget, spent, ends the run there as incomplete (not the peer's
+fault: exit 2 unless a check had already failed)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from urllib.parse import urlsplit
 
 from logsync.conformance import (
     DEFAULT_DEADLINE_S,
@@ -20,7 +22,7 @@ from logsync.conformance import (
 from logsync.conformance.context import Run, status_problem
 from logsync.conformance.probe import OutOfBudget, Probe, ProbeError
 from logsync.conformance.report import Report
-from logsync.errors import PeerProtocolError
+from logsync.errors import PeerProtocolError, ValidationError
 from logsync.peers import redact_url
 from logsync.wire import parse_vector_answer
 
@@ -31,6 +33,9 @@ def run_conformance(url: str, token: str | None, *, writable_ok: bool = False,
                     ca_file: str | None = None) -> Report:
     """Check the peer at `url` (blocking); the report holds every verdict."""
     label = redact_url(url)
+    if "@" in urlsplit(url).netloc:  # httpx would send them as Basic, not our Bearer
+        raise ValidationError(f"peer url={label} carries a user name or password: pass the "
+                              "peer's token with --token instead")
     report = Report(peer=label)
     with Probe(url, token, timeout=timeout, deadline=deadline, max_requests=max_requests,
                ca_file=ca_file, label=label) as probe:
@@ -47,12 +52,18 @@ def _start(probe: Probe, report: Report) -> Run | None:
     where = "/sync/version_vector"
     try:
         reply = probe.get(where)
+    except OutOfBudget as exc:
+        report.incomplete = str(exc)
+        return None
     except ProbeError as exc:
         report.unusable = str(exc)
         return None
-    if reply.status in (401, 403):
-        report.unusable = (f"{where} answered HTTP {reply.status}: the token is missing or "
-                           "wrong (--token)")
+    if reply.status == 401:
+        report.unusable = f"{where} answered HTTP 401: the token is missing or wrong (--token)"
+        return None
+    if reply.status == 403:
+        report.unusable = (f"{where} answered HTTP 403: the peer refused the request's Host "
+                           "or Origin header, or the token (RFC 004 §7 rules 1-2)")
         return None
     problem = status_problem(reply, where)
     if problem is not None:
@@ -91,6 +102,6 @@ def _stages(run: Run, writable_ok: bool) -> None:
                               f"{type(exc).__name__} ({exc}): an answer the kit could not "
                               "judge, or a fault of the kit")
     except OutOfBudget as exc:
-        run.tally.bad(section, "answered", f"{exc}; the run stopped there")
+        run.report.incomplete = str(exc)
     finally:
         run.tally.flush(run.report)

@@ -93,4 +93,4 @@ def _read_back(run: Run, origin: str, ours: list[dict[str, Any]],
         ok = got.status == 200 and isinstance(art, dict) and art.get("sha256") == sha
         run.report.add("§7.5", "pushed-artifact-served", "pass" if ok else "fail",
                        "" if ok else f"/sync/artifact?id={artifact_id} (pushed inline) answered "
-                       f"HTTP {got.status} {shorten(got.body[:120])}")
+                       f"HTTP {got.status} {got.text()}")

@@ -241,7 +241,7 @@ class Handler(BaseHTTPRequestHandler):
         if not _label_ok(origin):
             raise BadRequest(400, f"origin={origin[:80]!r} breaks the routing-label rule")
         after_raw = _one(query, "after")
-        after = 0 if after_raw is None else _int("after", after_raw, 0, MAX_SEQ)
+        after = 0 if not after_raw else _int("after", after_raw, 0, MAX_SEQ)  # "": the default
         limit_raw = _one(query, "limit")
         limit = UPSTREAM_PAGE if not limit_raw else _int("limit", limit_raw, 1, 10**12)
         ext = {e.strip().lower() for e in (_one(query, "ext") or "").split(",")[:32]}

@@ -48,6 +48,10 @@ def test_a_mempalace_hub_passes_the_upstream_sections(lab: Lab) -> None:
         assert checks[("§8", name)]["verdict"] == "n/a"
     assert checks[("§8", "unknown-extension-ignored")]["verdict"] == "pass"
     assert checks[("§7.2", "upstream-page-cap")]["verdict"] == "pass"  # 620 > 500 ops
+    for must in (("§7.2", "unknown-origin-empty"), ("§7.2", "defaults"),
+                 ("§6", "vector-top-held"), ("§12", "token-required"),
+                 ("§12", "wrong-token-refused")):  # the hub's answers to the later checks
+        assert checks[must]["verdict"] == "pass", (must, checks[must])
     assert checks[("§11", "negative-after")]["sentence"] == "upstream shape"
     assert checks[("§7.5", "push-applied")]["sentence"].startswith("push not advertised")
     assert len(hub.version_vector()) == 2  # --writable wrote nothing to a hub: no push
