@@ -18,8 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from logsync.store import Store
+
+# A per-example deadline (hypothesis' default: 200 ms) fails a test on a descheduled
+# process or a garbage-collection pause, not on a defect; pytest's timeout bounds a test.
+settings.register_profile("logsync", deadline=None)
+settings.load_profile("logsync")
 
 # 2026-07-02T03:24:43Z, the RFC's example instant.
 T0_MS = 1_782_962_683_000

@@ -178,7 +178,8 @@ def test_a_damaged_peers_json_keeps_the_daemon_and_its_peers(daemons, damage: by
     the current peers kept, the daemon serving and pulling on."""
     a, b = daemons("a", interval=1), daemons("b", interval=1)
     peer(b, a)
-    time.sleep(1.5)  # b's loop for a is running
+    wait_for(lambda: [p["name"] for p in b.get("/sync/peers").json()["peers"]] == ["a"], 10,
+             "b never took a as its peer", b)  # the damage must come after the good file
     (b.palace / "peers.json").write_bytes(damage)
     wait_for(lambda: said in b.log.read_text(), 10, "the damaged file was never reported", b)
     appended = json.loads(run(a.palace, "append", "--type", "note", "--stream", "s",

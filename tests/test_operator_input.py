@@ -420,7 +420,10 @@ def test_the_daemon_warns_of_skipped_vector_entries_once(
                                "--interval", "0.3", "--no-notify"], env=env, cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(4)  # a dozen rounds
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and sum(
+                path.startswith("/sync/version_vector") for path in list(asked)) < 4:
+            time.sleep(0.1)  # rounds, each seeing the same junk
     finally:
         daemon.terminate()
         _, err = daemon.communicate(timeout=30)
@@ -439,7 +442,10 @@ def test_a_daemon_whose_store_file_is_deleted_stops_saying_so(tmp_path: Path,
                               env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(3)  # serving
+        deadline = time.monotonic() + 30
+        while not (palace / "logstream.sqlite3-shm").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the daemon holds the store open (WAL's shared memory file)
+        time.sleep(1.0)  # and serves
         for path in palace.glob("logstream.sqlite3*"):
             path.unlink()
         code = daemon.wait(timeout=30)

@@ -147,6 +147,11 @@ def test_a_bad_direct_header_is_refused_in_one_sentence(tmp_path) -> None:
                              "origin 'nope' is not a replica id"}
 
 
+def _streams(metrics: str) -> int:
+    found = re.search(r"^logsync_sse_clients (\S+)$", metrics, re.M)
+    return int(float(found.group(1))) if found else 0
+
+
 def _ops_requests(metrics: str) -> int:
     return sum(int(float(m)) for m in re.findall(
         r'logsync_http_requests_total\{route="/sync/ops",status="[^"]*"\} (\S+)', metrics))
@@ -158,7 +163,17 @@ def test_two_daemons_exchange_ops_in_frames_without_pulling(daemons) -> None:  #
     a, b = daemons("a", interval=60), daemons("b", interval=60)
     peer(a, b)
     peer(b, a)
-    time.sleep(2.5)  # peers.json is polled every second; first full rounds run
+    # each follows the other's stream (a stream that connects later begins with a full
+    # round, whose /sync/ops requests would count below), and the first rounds are over
+    wait_for(lambda: all(_streams(d.get("/metrics").text) == 1 for d in (a, b)), 15,
+             "the daemons never followed each other's stream", b)
+
+    def settled() -> bool:  # no /sync/ops request for 0.7 s: the catch-up rounds are over
+        first = [_ops_requests(d.get("/metrics").text) for d in (a, b)]
+        time.sleep(0.7)
+        return first == [_ops_requests(d.get("/metrics").text) for d in (a, b)]
+
+    wait_for(settled, 15, "the first rounds never ended", b)
     before = {d.url: _ops_requests(d.get("/metrics").text) for d in (a, b)}
     ids = []
     for who in (a, b, a, b, a):

@@ -933,9 +933,9 @@ class HubProcess:
         import os
         import subprocess
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        from tests.interop.hub import free_port  # below the ephemeral range: no race
+
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         home.mkdir(parents=True, exist_ok=True)
         env = {

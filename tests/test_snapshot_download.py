@@ -64,7 +64,7 @@ def test_more_or_fewer_bytes_than_announced_are_refused(tmp_path: Path) -> None:
 
 def test_a_download_past_its_deadline_stops(tmp_path: Path) -> None:
     receiver = Receiver(tmp_path / "d", 10**9, "GET", "p", 0.0)
-    with pytest.raises(PeerDeadlineError, match="fell behind: 0 bytes of the file in 0 s"), \
+    with pytest.raises(PeerDeadlineError, match=r"fell behind: 0 bytes of the file in \d+ s"), \
             receiver:
         time.sleep(0.01)
         receiver.feed(_wire(b"q" * 10))
