@@ -149,3 +149,15 @@ def test_a_single_run_stopped_by_a_signal_exits_130_and_leaves_no_store(
 
 def _scratch_dirs() -> set[Path]:
     return set(scratch_base().glob("logsync-sim-*"))
+
+
+def test_a_run_too_large_for_its_bound_is_refused_before_it_starts(tmp_path: Path) -> None:
+    """200 nodes at 100 000 events/s for ten years was accepted and ran until killed."""
+    huge = TINY.replace('count = 3', 'count = 200').replace('rate = 10', 'rate = 100000') \
+        .replace('duration = "4s"', 'duration = "3650d"')
+    (tmp_path / "huge.toml").write_text(huge)
+    started = time.monotonic()
+    done = _simulate("huge.toml", cwd=tmp_path)
+    assert done.returncode == 1 and time.monotonic() - started < 60
+    assert "applies in all; a run is bounded to 2,000,000" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

@@ -134,6 +134,7 @@ def scenario_from_dict(
     _check_network_nodes(scenario)
     _check_clock_reach(scenario)
     _check_sampling(scenario)
+    _check_size(scenario)
     return scenario
 
 
@@ -387,6 +388,28 @@ def _read_expect(t: Table) -> Expect:
 
 
 MAX_SAMPLES = 20_000
+
+
+MAX_APPLIES = 2_000_000  # ops a run may apply across its nodes: about 15 min on 2 cores
+
+
+def expected_applies(s: Scenario) -> float:
+    """What the workload asks for: events (each workload's rate over the part of the run
+    it writes in) times the nodes each must reach."""
+    events = sum(w.rate * max(0.0, min(w.until, s.duration) - w.start) for w in s.workloads)
+    return events * len(s.nodes)
+
+
+def _check_size(s: Scenario) -> None:
+    """A run's work is bounded as everything it holds is: a rate or a duration mistyped
+    by a factor of a thousand is refused at once, not found out an hour into the run."""
+    applies = expected_applies(s)
+    if applies > MAX_APPLIES:
+        events = applies / len(s.nodes)
+        raise ScenarioError(
+            f"{s.source}: the workload asks for about {events:,.0f} events on "
+            f"{len(s.nodes)} nodes, {applies:,.0f} applies in all; a run is bounded to "
+            f"{MAX_APPLIES:,} (lower [[workload]] rate, duration or nodes.count)")
 
 
 def _check_sampling(s: Scenario) -> None:
