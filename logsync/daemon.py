@@ -96,7 +96,7 @@ class Daemon:
         self._store_healthy: anyio.Event | None = None  # made in run(): needs the loop
         self._state_dirty: anyio.Event | None = None  # made in run(): a save is owed
         self._peers_signature: tuple[int, int] | None = ("unread",)  # type: ignore[assignment]
-        self.round_log = RoundLog(self.store.ledger_tops)
+        self.round_log = RoundLog()
         self.app = create_app(
             self.store, token=config.token, peer_state_provider=self.peer_entries,
             bind_host=config.host, port=config.port or None,
@@ -361,6 +361,9 @@ class Daemon:
             task.replica = report.peer_replica or task.replica
             if failure is not None:
                 raise failure
+            # read here, off the loop and under the round's fault handling (a store fault)
+            tops = await anyio.to_thread.run_sync(self.store.ledger_tops) \
+                if report.conflicts or report.quarantined else None
         except Exception as exc:  # noqa: BLE001 - invariant 9: nothing leaves this loop
             self._round_failed(task, state, report, exc)
         except BaseException:  # cancelled: the peer was removed or changed, or we stop
@@ -368,7 +371,8 @@ class Daemon:
             raise
         else:
             task.loop.succeeded(report, anyio.current_time())
-            self._record(task, state, report, full=isinstance(plan, FullRound))
+            self._record(task, state, report, full=isinstance(plan, FullRound),
+                         ledger_tops=tops)
         self._save_soon()
 
     async def _catching_up(self, task: _PeerTask, state: PeerState,
@@ -398,7 +402,7 @@ class Daemon:
         task.loop.failed(report, anyio.current_time(), hint)
 
     def _record(self, task: _PeerTask, state: PeerState, report: RoundReport, *,
-                full: bool) -> None:
+                full: bool, ledger_tops: tuple[int, int] | None = None) -> None:
         skipped_changed = full and report.skipped_origins != state.skipped_origins
         if full:
             state.record_success(report, time.time())
@@ -406,7 +410,8 @@ class Daemon:
             state.record_targeted(report, time.time())
         if report.applied:
             self.app.state.notifier.notify()
-        self.round_log.ended(task.label, report, skipped_changed=skipped_changed)
+        self.round_log.ended(task.label, report, skipped_changed=skipped_changed,
+                             ledger_tops=ledger_tops)
 
     # ── state shared with the server and `logsync status` ─────────────
 

@@ -5,7 +5,6 @@ skipped origins when they change, the ledgers when they gain a row)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from logsync.engine import RoundReport
 
@@ -31,15 +30,17 @@ def log_failure(peer: str, exc: Exception, kind: str) -> None:
 
 
 class RoundLog:
-    """The lines after a round that ended. `ledger_tops` reads the conflict and
-    quarantine ledgers' newest row ids (`Store.ledger_tops`): a conflict seen again only
-    bumps its counter, so a fork a peer serves every round is logged once."""
+    """The lines after a round that ended. A conflict seen again only bumps its
+    counter, so the ledger line is logged when the ledgers' newest row ids
+    (`Store.ledger_tops`, read after the round) moved since this peer's last line: a fork
+    a peer serves every round is logged once, and each peer that brought a new row says
+    so."""
 
-    def __init__(self, ledger_tops: Callable[[], tuple[int, int]]) -> None:
-        self._ledger_tops = ledger_tops
-        self._logged_tops: tuple[int, int] | None = None
+    def __init__(self) -> None:
+        self._logged_tops: dict[str, tuple[int, int]] = {}  # peer -> tops at its last line
 
-    def ended(self, peer: str, report: RoundReport, *, skipped_changed: bool) -> None:
+    def ended(self, peer: str, report: RoundReport, *, skipped_changed: bool,
+              ledger_tops: tuple[int, int] | None = None) -> None:
         if skipped_changed and report.skipped_line():
             log.warning("%s", named(peer, str(report.skipped_line())))
         if report.applied:
@@ -51,11 +52,13 @@ class RoundLog:
         if len(failed) > LOGGED_ORIGIN_FAILURES:
             log.warning("peer %s: %d more origins failed this round (see `logsync status`)",
                         peer, len(failed) - LOGGED_ORIGIN_FAILURES)
-        if (report.conflicts or report.quarantined) and self._ledgers_moved():
+        if (report.conflicts or report.quarantined) and self._moved(peer, ledger_tops):
             log.warning("peer %s: %d conflicts and %d quarantined ops recorded (see `logsync "
                         "conflicts` and `logsync quarantine`)", peer, report.conflicts,
                         report.quarantined)
 
-    def _ledgers_moved(self) -> bool:
-        tops, self._logged_tops = self._logged_tops, self._ledger_tops()
-        return tops != self._logged_tops
+    def _moved(self, peer: str, tops: tuple[int, int] | None) -> bool:
+        if tops is None:  # not read: say it rather than miss it
+            return True
+        before, self._logged_tops[peer] = self._logged_tops.get(peer), tops
+        return before != tops

@@ -224,22 +224,64 @@ def test_a_fork_served_every_round_is_logged_once_and_a_new_one_again(
     daemon: Daemon, caplog: Any, remote: RemoteKit
 ) -> None:
     """The ledger bumps `times_seen` for a conflict seen again; the log line every 15 s
-    for the same fork said nothing new, so only a new ledger row is logged."""
-    origin = remote.origin(1)
-    daemon.store.apply_remote([remote.op(origin, 1), remote.op(origin, 2)])
+    for the same fork said nothing new, so a peer's line comes only when the ledgers
+    gained a row since its last one, and two peers that both brought one both say so."""
+    one, two = remote.origin(1), remote.origin(2)
+    daemon.store.apply_remote([remote.op(one, 1), remote.op(one, 2), remote.op(two, 1),
+                               remote.op(two, 2)])
     caplog.set_level(logging.WARNING, logger="logsync.daemon")
+    peer_a, peer_b = PEER, Peer(url="http://127.0.0.1:10/", name="b")
 
     async def rounds() -> None:  # what `_one_round` records after each round
-        task = _PeerTask(peer=PEER, scope=anyio.CancelScope(), loop=daemon._new_loop())
-        state = daemon.book.get(PEER.key, PEER.url)
-        for seq in (1, 1, 2):  # the same fork in two rounds, then another
+        def fork(peer: Peer, origin: str, seq: int) -> tuple[Any, ...]:
             result = daemon.store.apply_remote([dict(remote.op(origin, seq), body="other")])
+            task = _PeerTask(peer=peer, scope=anyio.CancelScope(), loop=daemon._new_loop())
             report = RoundReport(peer=task.label)
             report.origins[origin] = OriginProgress(origin, 0, 2, 2,
                                                     conflicts=result.conflicts)
-            daemon._record(task, state, report, full=True)
+            return task, daemon.book.get(peer.key, peer.url), report
+
+        for seq in (1, 1, 2):  # the same fork in two rounds of a, then another
+            task, state, report = fork(peer_a, one, seq)
+            daemon._record(task, state, report, full=True,
+                           ledger_tops=daemon.store.ledger_tops())
+        # a and b each bring a new fork, both applied before either round is recorded
+        ended = [fork(peer_a, two, 1), fork(peer_b, two, 2)]
+        tops = daemon.store.ledger_tops()
+        for task, state, report in ended:
+            daemon._record(task, state, report, full=True, ledger_tops=tops)
 
     anyio.run(rounds)
     logged = [r.getMessage() for r in caplog.records if "conflicts and" in r.getMessage()]
-    assert len(logged) == 2 and all("1 conflicts and 0 quarantined" in m for m in logged)
-    assert sorted(c["times_seen"] for c in daemon.store.list_conflicts()) == [1, 2]
+    a_label = "http://127.0.0.1:9/"  # the label of a peer without a name: its URL, redacted
+    assert [m.split(": 1 conflicts and 0")[0] for m in logged] == \
+        [f"peer {a_label}"] * 3 + ["peer b"], logged
+    assert sorted(c["times_seen"] for c in daemon.store.list_conflicts()) == [1, 1, 1, 2]
+
+
+def test_a_store_fault_reading_the_ledgers_after_a_round_stays_in_the_loop(
+    daemon: Daemon, monkeypatch: Any
+) -> None:
+    """Invariant 9: the ledger read after a round that recorded conflicts is under the
+    round's fault handling (it ran outside it and a StoreError left the daemon)."""
+    origin = "rep_" + "c" * 32
+
+    async def conflicting(self: PeerClient, store: Any, *, report: RoundReport,
+                          **options: Any) -> RoundReport:
+        report.origins[origin] = OriginProgress(origin, 0, 1, 1, conflicts=1)
+        return report
+
+    def fault() -> tuple[int, int]:
+        raise StoreError("cannot read logstream.sqlite3: disk I/O error")
+
+    monkeypatch.setattr(PeerClient, "run_round", conflicting)
+    monkeypatch.setattr(daemon.store, "ledger_tops", fault)
+
+    async def go() -> None:
+        task = _PeerTask(peer=PEER, scope=anyio.CancelScope(), loop=daemon._new_loop())
+        task.loop.start(anyio.current_time())
+        async with PeerClient(PEER.url, name=task.label) as client:
+            await daemon._one_round(client, task)
+
+    anyio.run(go)
+    assert daemon.store_fault is not None and "disk I/O error" in daemon.store_fault
