@@ -81,17 +81,39 @@ def write_exclusive(path: Path, text: str, *, mode: int = 0o644) -> bool:
 def whole_or_none(path: Path) -> Iterator[TextIO]:
     """A text file written while the block runs and named `path` only when the block ends
     without an exception (temp file beside it, then rename): an interrupted or failed
-    writer leaves the old file, or none, never a part that looks whole."""
-    remove_stale_temps(path.parent, (path.name,))
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            os.fchmod(fd, 0o644)  # mkstemp's 0600: a trace or a report is no secret
+    writer leaves the old file, or none, never a part that looks whole. A symlink's
+    target is replaced (the link stays); a device or a FIFO (a pipe to another program)
+    is written in place, never replaced by a file."""
+    if is_special(path):
+        with open(path, "w", encoding="utf-8") as handle:
             yield handle
-        os.replace(tmp, path)
+        return
+    real = Path(os.path.realpath(path))
+    remove_stale_temps(real.parent, (real.name,))
+    fd, name = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=".tmp")
+    tmp = Path(name)
+    handle = os.fdopen(fd, "w", encoding="utf-8")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600: a trace or a report is no secret
+        yield handle
+        try:
+            handle.close()  # the last buffered bytes: a full disk may refuse them
+            os.replace(tmp, real)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
     finally:
+        handle.close()
         tmp.unlink(missing_ok=True)
+
+
+def is_special(path: Path) -> bool:
+    """Whether `path` names (through any symlink) something other than a regular file
+    or a directory: a device, a FIFO, a socket."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 STALE_TEMP_S = 600.0  # a temp file this old was left by a process killed mid-write

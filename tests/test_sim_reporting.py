@@ -5,13 +5,18 @@ that never converged is a liveness failure, not silent divergence; a flap ends a
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import json
+import os
 import re
 import shlex
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +24,7 @@ import pytest
 
 from logsync.files import whole_or_none
 from logsync.sim import parse_scenario, run_scenario
+from logsync.sim.checks import Snapshot, check_fleet
 from logsync.sim.scratch import scratch_base
 
 TINY = """
@@ -125,15 +131,14 @@ def test_a_single_run_stopped_by_a_signal_exits_130_and_leaves_no_store(
     stores in /dev/shm for the next run to clean."""
     (tmp_path / "long.toml").write_text(TINY.replace('duration = "4s"', 'duration = "2h"'))
     trace = tmp_path / "t.txt"
-    before = _scratch_dirs()
     proc = subprocess.Popen([sys.executable, "-m", "logsync", "simulate", "long.toml",
                              "--trace", str(trace)], cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
-        while not _scratch_dirs() - before and time.monotonic() < deadline:
+        while not _held_scratch_dirs(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.1)  # until the run has made its stores
-        mine = _scratch_dirs() - before  # another process's run may come and go too
+        mine = _held_scratch_dirs(proc.pid)  # its own: another run may come and go too
         assert mine, "the run never started"
         time.sleep(0.5)
         proc.send_signal(sig)
@@ -147,8 +152,17 @@ def test_a_single_run_stopped_by_a_signal_exits_130_and_leaves_no_store(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.toml"]
 
 
-def _scratch_dirs() -> set[Path]:
-    return set(scratch_base().glob("logsync-sim-*"))
+def _held_scratch_dirs(pid: int) -> set[Path]:
+    """The run directories process `pid` holds open (its lock file: `sim/scratch.py`)."""
+    base, held = scratch_base(), set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = Path(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                if target.parent.parent == base and target.parent.name.startswith(
+                        "logsync-sim-"):
+                    held.add(target.parent)
+    return held
 
 
 def test_a_run_too_large_for_its_bound_is_refused_before_it_starts(tmp_path: Path) -> None:
@@ -161,3 +175,49 @@ def test_a_run_too_large_for_its_bound_is_refused_before_it_starts(tmp_path: Pat
     assert done.returncode == 1 and time.monotonic() - started < 60
     assert "applies in all; a run is bounded to 2,000,000" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_trace_to_a_device_a_fifo_or_a_symlink_is_written_there_not_replaced(
+        tmp_path: Path) -> None:
+    """`--trace /dev/null` renamed a file over the device (as root, the real /dev/null);
+    a FIFO takes the same path as a device here (a test must not risk the real one)."""
+    fifo, real, link = tmp_path / "fifo", tmp_path / "real.txt", tmp_path / "link.txt"
+    os.mkfifo(fifo)
+    real.write_text("old\n")
+    link.symlink_to(real)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    with whole_or_none(fifo) as sink:
+        sink.write("through the pipe\n")
+    reader.join(timeout=10)
+    assert got == ["through the pipe\n"] and stat.S_ISFIFO(fifo.lstat().st_mode)
+    with whole_or_none(link) as sink:
+        sink.write("new\n")
+    assert link.is_symlink() and real.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.txt", "real.txt"]
+
+
+def _note(said: list[str], invariant: int, line: str) -> None:
+    said.append(f"{invariant} {line}")
+
+
+def _snap(node: str, ops: list[dict], artifacts: dict[str, dict]) -> Snapshot:
+    return Snapshot(node, f"rep_{node}", {}, ops,
+                    by_key={(op["origin_replica"], op["origin_seq"]): op for op in ops},
+                    artifacts=artifacts)
+
+
+def test_a_fleet_that_never_converged_still_reports_what_is_unsafe() -> None:
+    """Lag is excused before convergence; two contents for one artifact id are not, even
+    when a third replica has not received the op naming it yet."""
+    op = {"id": "evt_1", "origin_replica": "rep_o", "origin_seq": 1, "artifact_ids": ["art1"]}
+    snaps = [_snap("n0", [op], {"art1": {"content": "a"}}),
+             _snap("n1", [op], {"art1": {"content": "b"}}),
+             _snap("n2", [], {})]
+    for converged in (True, False):
+        said: list[str] = []
+        check_fleet(snaps, functools.partial(_note, said), converged=converged)
+        assert any("artifact art1 differs between n0 and n1" in line for line in said), said
+        lag = [line for line in said if "not by n2" in line]
+        assert bool(lag) is converged, said  # n2's lag is a finding only once converged

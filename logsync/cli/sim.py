@@ -34,7 +34,7 @@ from logsync.cli._common import (
 )
 from logsync.cli.group import cli
 from logsync.errors import ConfigError, shorten
-from logsync.files import whole_or_none
+from logsync.files import is_special, whole_or_none
 from logsync.model import utc_now_iso
 
 if TYPE_CHECKING:
@@ -168,11 +168,31 @@ def simulate(scenario_file: str, seed: int | None, seeds: str | None, jobs: int 
         sys.exit(EXIT_ERROR)
 
 
+class _Named:
+    """The trace's sink: a failed write names the file (a full disk says no file)."""
+
+    def __init__(self, sink: Any, path: Path) -> None:
+        self.sink, self.path = sink, path
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self.sink.write(text))
+        except OSError as exc:
+            raise ConfigError(f"cannot write the trace to {self.path}: "
+                              f"{exc.strerror or exc}") from None
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+
 def _check_output(target: Path, what: str) -> None:
-    """A file the run will write: its directory must exist and the name be no directory."""
+    """A file the run will write: its directory must exist and the name be no directory
+    (a device or a FIFO is written in place: `files.whole_or_none`)."""
     if target.is_dir():
         raise ConfigError(f"cannot write the {what} to {target}: it is a directory")
-    parent = target.parent
+    if is_special(target):
+        return
+    parent = Path(os.path.realpath(target)).parent
     if not parent.is_dir():
         raise ConfigError(f"cannot write the {what} to {target}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -389,12 +409,8 @@ def _run_one(scenario: Any, trace_file: str | None, run: Any) -> Any:
         if trace_file is None:
             return run(scenario)
         target = Path(trace_file)
-        try:
-            with whole_or_none(target) as sink:
-                return run(scenario, trace_sink=sink)
-        except OSError as exc:
-            raise ConfigError(f"cannot write the trace to {target}: "
-                              f"{exc.strerror or exc}") from None
+        with whole_or_none(target) as sink:
+            return run(scenario, trace_sink=_Named(sink, target))
 
 
 @cli.command()

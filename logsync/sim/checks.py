@@ -212,9 +212,11 @@ def check_fleet(snaps: list[Snapshot], report: Report,
             or all(event == held[0] for event in held)
         unaware = [s.node for s in snaps if (origin, seq) not in s.by_key
                    and origin not in s.recorded]
-        if named and (not unaware or not converged):
+        if named and not unaware:
             excused.update(a for event in held for a in event.get("artifact_ids") or [])
             continue
+        if named and not converged:
+            continue  # not arrived yet: lag, and it excuses no artifact
         silent += 1
         if silent <= 5:
             holders = sorted({s.node for s in snaps if (origin, seq) in s.by_key})
