@@ -35,6 +35,7 @@ from logsync.errorcodes import ERRORS_CODED, ERRORS_HEADER
 from logsync.errors import LogsyncError, PeerError, shorten
 
 WATCHDOG_GRACE_S = 0.5  # past a request's budget before its client is closed
+DEADLINE_SLACK_S = 0.05  # a timeout this close to the run's deadline is the deadline's
 JSON_TYPE = "application/json"
 PACKED_TYPES = (MSGPACK_TYPE, "application/x-msgpack")
 
@@ -114,12 +115,13 @@ class Probe:
         (`Logsync-Errors: codes`, as every logsync client does)."""
         return self._request("GET", path, params, auth, msgpack, None, coded=coded)
 
-    def post(self, path: str, body: bytes) -> Reply:
-        return self._request("POST", path, None, "", False, body)
+    def post(self, path: str, body: bytes, *, auth: str | None = "") -> Reply:
+        return self._request("POST", path, None, auth, False, body)
 
-    def head_only(self, path: str, params: dict[str, Any] | None = None) -> Reply:
+    def head_only(self, path: str, params: dict[str, Any] | None = None, *,
+                  auth: str | None = "") -> Reply:
         """GET `path` but read no body (a stream that never ends): status and headers."""
-        return self._request("GET", path, params, "", False, None, read_body=False)
+        return self._request("GET", path, params, auth, False, None, read_body=False)
 
     def _request(self, method: str, path: str, params: dict[str, Any] | None,
                  auth: str | None, msgpack: bool, content: bytes | None,
@@ -159,7 +161,7 @@ class Probe:
                 status, ctype, got = (response.status_code,
                                       response.headers.get("content-type", ""), response.headers)
         except (httpx.HTTPError, httpx.StreamError, RuntimeError) as exc:
-            if cut.is_set() or (capped and isinstance(exc, httpx.TimeoutException)):
+            if cut.is_set() or isinstance(exc, httpx.TimeoutException) and self._spent():
                 raise self._late(where, budget, capped) from None
             if isinstance(exc, RuntimeError):
                 raise
@@ -175,9 +177,14 @@ class Probe:
     def _late(self, where: str, budget: float, capped: bool) -> ProbeError:
         """A request out of time: the peer's fault past --timeout, the run's limit when
         the kit's deadline came first."""
-        if capped:
+        if capped and self._spent():
             return OutOfBudget(f"the kit's deadline passed during {where}")
         return ProbeError(f"{self.label}: {where} did not finish within {budget:g} s")
+
+    def _spent(self) -> bool:
+        """Whether the run's deadline has come (a connect timeout before it is the
+        peer's, even on a request the deadline capped)."""
+        return time.monotonic() >= self.ends - DEADLINE_SLACK_S
 
     def _read(self, response: httpx.Response, where: str, ends: float,
               capped: bool) -> bytes:

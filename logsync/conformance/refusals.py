@@ -17,7 +17,14 @@ from logsync.conformance.probe import Reply
 from logsync.errorcodes import ERROR_CODES, ERRORS_CODED, ERRORS_HEADER, code_of, reason_of
 from logsync.errors import shorten
 from logsync.snapshot import SHA256_HEADER, SIZE_HEADER, SNAPSHOT_PATH, SNAPSHOT_TYPE
-from logsync.wire import EXT_SNAPSHOT, parse_digest
+from logsync.wire import (
+    DIGESTS_PATH,
+    EXT_CHAIN,
+    EXT_PUSH,
+    EXT_SNAPSHOT,
+    PUSH_PATH,
+    parse_digest,
+)
 
 
 # (check, path, params, status): the refusals every peer makes, upstream's included.
@@ -97,24 +104,42 @@ def _upstream_shape_kept(run: Run, origin: str) -> None:
 
 
 def check_auth(run: Run) -> None:
-    """With a token given: no token and a wrong one are both 401 on each mandatory route
-    (§7 rule 2: every route but /healthz; the ops and artifact asked of nothing held)."""
+    """With a token given: no token and a wrong one are both 401 on each route the peer
+    serves (§7 rule 2: every route but /healthz): the mandatory three (ops and artifact
+    asked of nothing held), the change stream, and each advertised extension's route
+    (a snapshot is the whole store; a push writes). Streams are not read."""
     if not run.probe.token:
         run.report.not_applicable("§12", "token-required", "no --token given: an open peer "
                                   "and one that checks tokens look alike")
         return
     advertised = run.advert is not None
     wrong = f"Bearer conformance-wrong-{secrets.token_hex(8)}"
-    routes: list[tuple[str, dict[str, str]]] = [
-        ("/sync/version_vector", {}),
-        ("/sync/ops", {"origin": fresh_origin(), "after": "0", "limit": "1"}),
-        ("/sync/artifact", {"id": "art_x"})]
-    for path, params in routes:
+    origin = fresh_origin()
+    routes: list[tuple[str, str, dict[str, str]]] = [
+        ("GET", "/sync/version_vector", {}),
+        ("GET", "/sync/ops", {"origin": origin, "after": "0", "limit": "1"}),
+        ("GET", "/sync/artifact", {"id": "art_x"}),
+        ("STREAM", "/logstream/stream", {})]
+    if run.advertises(EXT_CHAIN):
+        routes.append(("GET", DIGESTS_PATH, {"origin": origin, "at": "1"}))
+    if run.advertises(EXT_SNAPSHOT):
+        routes.append(("STREAM", SNAPSHOT_PATH, {}))
+    if run.advertises(EXT_PUSH):
+        routes.append(("POST", PUSH_PATH, {}))
+    for method, path, params in routes:
         query = urlencode(params)
         for check, auth in (("token-required", None), ("wrong-token-refused", wrong)):
-            where = f"{path}{'?' + query if query else ''} " + (
-                "without a token" if auth is None else "with a wrong token")
-            reply = run.probe.get(path, params, auth=auth)
+            where = f"{'POST ' if method == 'POST' else ''}{path}" \
+                    f"{'?' + query if query else ''} " + (
+                        "without a token" if auth is None else "with a wrong token")
+            if method == "POST":  # an empty object: the token is checked before the body
+                reply = run.probe.post(path, b"{}", auth=auth)
+            elif method == "STREAM":
+                reply = run.probe.head_only(path, params, auth=auth)
+            else:
+                reply = run.probe.get(path, params, auth=auth)
+            if method == "STREAM" and path == "/logstream/stream" and reply.status == 404:
+                continue  # §7: the stream is a SHOULD; a peer without it has nothing to guard
             if reply.status != 401:
                 run.tally.bad("§12", check, f"{where} answered HTTP {reply.status}; "
                               "expected 401")
@@ -124,7 +149,9 @@ def check_auth(run: Run) -> None:
                 run.tally.check("§12", "www-authenticate", None if challenge.lower(
                 ).startswith("bearer") else f"{where} answered 401 with WWW-Authenticate "
                     f"{shorten(challenge)}; expected Bearer")
-                run.tally.check("§11", "unauthorized-shape", shape_problem(reply, True, where))
+                if method != "STREAM":  # a stream's body is not read
+                    run.tally.check("§11", "unauthorized-shape",
+                                    shape_problem(reply, True, where))
             run.tally.ok("§12", check)
 
 
