@@ -591,3 +591,21 @@ def test_a_palace_under_a_file_names_the_file(tmp_path: Path) -> None:
     err = done.stderr.decode()
     assert done.returncode != 0 and "Traceback" not in err, err
     assert f"{tmp_path / 'afile'} is a file, not a directory" in err, err
+
+
+def test_status_names_a_stopped_origin_and_counts_by_origin_seq(
+        capsys: pytest.CaptureFixture) -> None:
+    """A stopped origin looked like ordinary lag ('we lack 9 of its ops'), and a hub's
+    own origin skips numbers (rowids), so the lag is an upper bound, said as one."""
+    from logsync.cli.status import _print_peer
+
+    origin = "rep_" + "e" * 32
+    _print_peer({"name": "hub", "url": "http://127.0.0.1:9/", "state": "reachable",
+                 "last_success_at": None, "last_error": None, "we_lack": 9, "they_lack": 0,
+                 "we_lack_by_origin": {origin: 9}, "drift": {},
+                 "stopped_origins": {origin: "store stopped this origin: metadata=... is "
+                                             "invalid"}}, "now")
+    out = capsys.readouterr().out
+    assert f"STOPPED at its last round: origin {origin}: store stopped" in out, out
+    assert "we lack up to 9 of its ops; it lacks up to 0 of ours" in out, out
+    assert f"we lack up to 9 of {origin}" in out, out

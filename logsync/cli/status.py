@@ -143,6 +143,9 @@ def _print_peer(entry: dict[str, Any], checked: str) -> None:
     for origin in entry.get("diverged") or []:
         click.echo(f"    DIVERGED: its ops of {origin} differ from ours (the next sync records "
                    "where: see `logsync conflicts`)")
+    for origin, reason in sorted((entry.get("stopped_origins") or {}).items()):
+        click.echo(f"    STOPPED at its last round: origin {origin}: {reason} (it will not "
+                   "catch up by itself: see `logsync quarantine` and `logsync conflicts`)")
     skipped = skipped_sentence(entry.get("skipped_origins") or {})
     if skipped:
         click.echo(f"    NOT IN SYNC: {skipped}")
@@ -151,11 +154,14 @@ def _print_peer(entry: dict[str, Any], checked: str) -> None:
     elif we == 0 and they == 0 and not entry.get("diverged") and not skipped:
         click.echo("    in sync both ways")
     else:
-        click.echo(f"    we lack {_count(we)} of its ops; it lacks {_count(they)} of ours")
+        # counted in origin_seq: an upstream hub's own origin may skip numbers (it counts
+        # by rowid), so for such an origin this is an upper bound
+        click.echo(f"    we lack up to {_count(we)} of its ops; it lacks up to {_count(they)} "
+                   "of ours")
         for origin, n in sorted((entry.get("we_lack_by_origin") or entry["drift"]).items()):
-            click.echo(f"      we lack {n} of {origin}")
+            click.echo(f"      we lack up to {n} of {origin}")
         for origin, n in sorted((entry.get("they_lack_by_origin") or {}).items()):
-            click.echo(f"      it lacks {n} of {origin}")
+            click.echo(f"      it lacks up to {n} of {origin}")
     catchup = entry.get("catchup")
     if catchup:
         eta = f", about {catchup['eta_s']:.0f} s left" if catchup.get("eta_s") else ""
