@@ -50,18 +50,8 @@ class DeviantPeer:
             return
         if self.deviation == OFF_BY_ONE and path == "/sync/ops":
             scope = dict(scope, query_string=_one_lower(scope.get("query_string", b"")))
-        start: dict[str, Any] = {}
-        chunks: list[bytes] = []
-
-        async def keep(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                start.update(message)
-            elif message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
-
-        await self.app(scope, receive, keep)
-        body = self._mutate(path, start["status"], dict(start.get("headers") or []),
-                            b"".join(chunks))
+        start, whole = await captured(self.app, scope, receive)
+        body = self._mutate(path, start["status"], dict(start.get("headers") or []), whole)
         headers = [(k, v) for k, v in start.get("headers") or [] if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": start["status"], "headers": headers})
@@ -86,6 +76,23 @@ class DeviantPeer:
         else:
             return body
         return json.dumps(data, ensure_ascii=False).encode("utf-8")
+
+
+async def captured(app: Any, scope: dict[str, Any], receive: Any) -> tuple[dict[str, Any],
+                                                                            bytes]:
+    """The ASGI app's whole answer to one request: its start message and its body, for a
+    wrapper to change before it sends them on."""
+    start: dict[str, Any] = {}
+    chunks: list[bytes] = []
+
+    async def keep(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message)
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, keep)
+    return start, b"".join(chunks)
 
 
 def _one_lower(query: bytes) -> bytes:

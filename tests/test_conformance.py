@@ -49,6 +49,7 @@ from tests.deviant_peer import (
     UPSTREAM_ERRORS,
     WRONG_DIGEST,
     DeviantPeer,
+    captured,
     hostile_peer,
 )
 from tests.test_daemon import PY, Daemon, free_port
@@ -103,20 +104,11 @@ class Broken:
             await self.app(scope, receive, send)
             return
         scope = self._request(scope, path)
-        start: dict[str, Any] = {}
-        chunks: list[bytes] = []
-
-        async def keep(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                start.update(message)
-            elif message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
-
-        await self.app(scope, receive, keep)
+        start, whole = await captured(self.app, scope, receive)
         if self.mode == SLOW and path == "/sync/ops":
             await asyncio.sleep(SLOW_S)
         headers = {k.lower(): v for k, v in start.get("headers") or []}
-        status, body = self._answer(path, start["status"], headers, b"".join(chunks))
+        status, body = self._answer(path, start["status"], headers, whole)
         headers[b"content-length"] = str(len(body)).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": list(headers.items())})
