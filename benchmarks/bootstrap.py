@@ -84,6 +84,7 @@ def in_process(bench: Bench, name: str, server: ServerProcess, expect: Expect,
     with Store.open(palace) as store:
         began = time.perf_counter()
         report = sync_once(store, server.url, server.token, timeout=120.0, **options)
+        store.log_copied(120.0)  # timed until the log the pull wrote is in the database
         seconds = time.perf_counter() - began
     expect.check(palace, name)
     return {"seconds": seconds, "requests": report.requests,

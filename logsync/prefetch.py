@@ -11,7 +11,9 @@ answer a plain fetch would give and yields every `ApplyPage` itself; a prepared 
 only ever handed to the store with the very events it was prepared from, and the store
 checks again, inside its transaction, everything the preparation assumed.
 From the first page it prepares ahead to the end of its round, the interpreter runs with
-`overlap.bulk_settings` (a pull from a peer without chains prepares none and changes none).
+`overlap.bulk_settings` and the store in bulk mode (`Store.bulk_writes`: its log copied
+into the database by another thread, not by the commits); a pull from a peer without
+chains prepares none and changes none.
 Bounds: what is prepared is the first pages of one `Batch` and pages fetched ahead of the
 origin being pulled, and at most one page of an origin the round has left.
 """
@@ -74,6 +76,7 @@ class Prefetcher:
         self._pending: dict[tuple[Any, ...], _Prefetch] = {}
         # One core: nothing to overlap with, only the handing over of the GIL to pay.
         self._prepare = getattr(store, "prepare_chained", None) if CORES > 1 else None
+        self._bulk_writes = getattr(store, "bulk_writes", None)
         self._preparing: dict[int, _Preparing] = {}
         self._settings: ExitStack | None = None  # the round's, while `overlapping`
         self._bulk = False  # `bulk_settings` entered on it
@@ -170,6 +173,8 @@ class Prefetcher:
             return
         if self._settings is not None and not self._bulk:
             self._settings.enter_context(bulk_settings())
+            if self._bulk_writes is not None:
+                self._settings.enter_context(self._bulk_writes())
             self._bulk = True
         preparing = self._preparing[id(page.events)] = _Preparing(page.origin, page.after,
                                                                  page.events, ahead)

@@ -49,6 +49,7 @@ from logsync.replica import (
 from logsync.store.apply import ApplyResult, apply_page
 from logsync.store.chaining import backfill_chains
 from logsync.store.chainreads import ChainViews, sign_own_chain
+from logsync.store.checkpoints import BULK_LOG_BYTES, DEFAULT_AUTOCHECKPOINT, Checkpointer
 from logsync.store.faults import (
     BUSY_TIMEOUT_S,
     StoreNeedsWrite,
@@ -118,6 +119,8 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         self._conn_lock = threading.Lock()
         self._closed = False
         self._durable = True  # the writer's synchronous=FULL (`_connect`)
+        self._autocheckpoint = DEFAULT_AUTOCHECKPOINT
+        self._checkpointer = Checkpointer(self._connect, Path(f"{self.db_path}-wal"))
         self._ro_uri = f"{self.db_path.resolve().as_uri()}?mode=ro"
         self.signing_key = signing_key  # never served: only local appends use it
         self.key_problem: str | None = None  # why an open went on without the key file
@@ -129,6 +132,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
             self._file_id = _file_id(self.db_path)  # the file every connection opens
             if not read_only:
                 self._writer.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
+                self._writer.execute(f"PRAGMA journal_size_limit={BULK_LOG_BYTES}")
             if read_only:
                 problem = schema_problem(self._writer)
                 if problem is not None:
@@ -250,6 +254,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
         return store
 
     def close(self) -> None:
+        self._checkpointer.close()  # before its connection goes
         with self._conn_lock:
             self._closed = True
             for conn in self._connections:

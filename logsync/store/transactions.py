@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from logsync.errors import StoreError, ValidationError
+from logsync.store.checkpoints import Checkpointer
 from logsync.store.faults import describe_fault
 
 
@@ -38,9 +39,29 @@ class Transactions:
     _write_lock: threading.Lock
     _local: threading.local
     _durable: bool
+    _autocheckpoint: int  # the writer's `wal_autocheckpoint`, pages
+    _checkpointer: Checkpointer
     _connect: Callable[[], sqlite3.Connection]  # `Store`'s: a new connection to the file
     _batch_thread: int | None = None  # the thread whose batch holds the write lock
     _batch_failure: BaseException | None = None  # what ended that batch's transaction
+
+    @contextmanager
+    def bulk_writes(self) -> Iterator[None]:
+        """Many writes ahead (a pull preparing pages ahead): the log is copied into the
+        database by another thread meanwhile, not by the commits (`checkpoints.py`)."""
+        if self.read_only:
+            yield
+            return
+        self._checkpointer.enter()
+        try:
+            yield
+        finally:
+            self._checkpointer.leave()
+
+    def log_copied(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the copy a bulk left running to end; whether it did
+        (a benchmark times a pull until its log is in the database file)."""
+        return self._checkpointer.wait(timeout)
 
     def _in_batch(self) -> bool:
         return self._batch_thread == threading.get_ident()
@@ -117,6 +138,10 @@ class Transactions:
                 if self._durable is not durable:  # set only when it changes (per connection)
                     conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
                     self._durable = durable
+                pages = self._checkpointer.autocheckpoint()
+                if self._autocheckpoint != pages:  # off while in bulk (`checkpoints.py`)
+                    conn.execute(f"PRAGMA wal_autocheckpoint={pages}")
+                    self._autocheckpoint = pages
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 self._rollback(conn)
@@ -137,6 +162,7 @@ class Transactions:
             except sqlite3.Error as exc:
                 self._rollback(conn)
                 raise StoreError(describe_fault(self.db_path, "commit to", exc)) from None
+            self._checkpointer.committed(conn)
 
     @staticmethod
     def _rollback(conn: sqlite3.Connection) -> None:

@@ -1,0 +1,149 @@
+"""WAL checkpoints beside a bulk write instead of inside it.
+
+Why: SQLite copies its write-ahead log into the database file (a checkpoint) when a commit
+leaves the log over `wal_autocheckpoint` pages, and that commit waits for the copy. In a
+pull of 20 000 ops (a 66 MB log) the copies were about a third of the writer's time
+(benchmarks/apply.py). While a store is in *bulk* mode (a pull that prepares pages ahead,
+`prefetch.Prefetcher`), the writer's automatic checkpoints are off and a checkpointer
+thread with its own connection copies the log while the writer goes on: a `PASSIVE`
+checkpoint never blocks the writer or a reader, and SQLite copies without the GIL.
+
+Bounds: the log does not grow past about `BULK_LOG_BYTES`. A checkpoint beside a busy
+writer rarely lets the log start over (SQLite restarts it only at a transaction that
+begins with every frame copied), so a commit that finds the log file over the bound copies
+what is left itself, holding the write lock, as an automatic checkpoint would; the next
+transaction then starts the log over (unless a reader still uses it: the same limit
+SQLite's own checkpoints have) and, with the writer's `journal_size_limit` at the bound,
+cuts the file back to it, so the file's size is the log's. When the last bulk ends, the
+thread copies what is left once more and stops, and the writer's automatic checkpoints
+come back at its next transaction. One thread per store, only while in bulk; `close`
+interrupts and joins it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
+
+DEFAULT_AUTOCHECKPOINT = 1000  # SQLite's default, pages
+BULK_LOG_BYTES = 64 * 1024 * 1024  # also the writer's journal_size_limit
+JOIN_TIMEOUT_S = 30.0  # close waits this long for a checkpoint it interrupted
+
+
+class Checkpointer:
+    """The store's bulk mode and its checkpointer thread. `connect` makes a new
+    connection to the store (the checkpointer's own, closed with the store's)."""
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection], log: Path) -> None:
+        self._connect = connect
+        self._log = log  # the `-wal` file
+        self._lock = threading.Lock()  # bulk count, thread, last count
+        self._copying = threading.Lock()  # one checkpoint at a time
+        self._wake = threading.Event()
+        self._bulk = 0
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+        self.checkpoints = 0  # checkpoints run (by the thread and by commits)
+        self.failure: str | None = None  # the last checkpoint's error (never raised)
+
+    @property
+    def bulk(self) -> bool:
+        return self._bulk > 0
+
+    def autocheckpoint(self) -> int:
+        """What the writer's `wal_autocheckpoint` should be now: 0 while in bulk with the
+        thread running (a thread that could not connect leaves the writer's own on)."""
+        return 0 if self._bulk and self._thread is not None else DEFAULT_AUTOCHECKPOINT
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._bulk += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._wake.clear()
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                 name="logsync-checkpointer")
+                self._thread.start()
+
+    def leave(self) -> None:
+        with self._lock:
+            self._bulk = max(0, self._bulk - 1)
+        self._wake.set()  # at the end of bulk: the last copy, then the thread stops
+
+    def committed(self, writer: sqlite3.Connection) -> None:
+        """After a commit in bulk mode (the write lock held): wake the thread; past the
+        bound, copy what is left here so the next transaction restarts the log."""
+        if not self._bulk:
+            return
+        try:
+            size = os.stat(self._log).st_size
+        except OSError:
+            size = 0
+        if size > BULK_LOG_BYTES:
+            with self._copying:
+                self._checkpoint(writer)
+        self._wake.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the thread to finish its last copy; whether it did
+        (benchmarks time a pull until its log is copied)."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    def close(self) -> None:
+        """Stop the thread (interrupting a checkpoint in progress) and wait for it."""
+        with self._lock:
+            self._closed, self._bulk = True, 0
+            thread, conn = self._thread, self._conn
+        self._wake.set()
+        if conn is not None:
+            with suppress(sqlite3.Error):
+                conn.interrupt()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(JOIN_TIMEOUT_S)
+
+    def _run(self) -> None:
+        conn = self._conn
+        if conn is None:  # one connection for the store's life, however many bulks
+            try:
+                conn = self._connect()
+            except Exception as exc:  # noqa: BLE001 - copying falls to the bound in
+                self.failure = str(exc)  # `committed`; the next bulk tries again
+                with self._lock:
+                    self._thread = None
+                return
+            with self._lock:
+                self._conn = conn
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                done = self._closed or not self._bulk
+            if self._closed:
+                return
+            with self._copying:
+                self._checkpoint(conn)
+            if done:
+                with self._lock:  # a bulk that began meanwhile keeps the thread
+                    if self._bulk and not self._closed:
+                        continue
+                    self._thread = None
+                    return
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:  # closed, interrupted, busy: the next one retries
+            self.failure = str(exc)
+            return
+        self.checkpoints += 1
