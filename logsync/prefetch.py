@@ -11,9 +11,10 @@ answer a plain fetch would give and yields every `ApplyPage` itself; a prepared 
 only ever handed to the store with the very events it was prepared from, and the store
 checks again, inside its transaction, everything the preparation assumed.
 From the first page it prepares ahead to the end of its round, the interpreter runs with
-`overlap.bulk_settings` and the store in bulk mode (`Store.bulk_writes`: its log copied
-into the database by another thread, not by the commits); a pull from a peer without
-chains prepares none and changes none.
+`overlap.bulk_settings` (a pull from a peer without chains prepares none and changes
+none); from the first page it fetches ahead (or prepares), the store is in bulk mode
+(`Store.bulk_writes`: its log copied into the database by another thread, not by the
+commits).
 Bounds: what is prepared is the first pages of one `Batch` and pages fetched ahead of the
 origin being pulled, and at most one page of an origin the round has left.
 """
@@ -77,6 +78,7 @@ class Prefetcher:
         # One core: nothing to overlap with, only the handing over of the GIL to pay.
         self._prepare = getattr(store, "prepare_chained", None) if CORES > 1 else None
         self._bulk_writes = getattr(store, "bulk_writes", None)
+        self._bulk_entered = False  # `bulk_writes` entered on the round's settings
         self._preparing: dict[int, _Preparing] = {}
         self._settings: ExitStack | None = None  # the round's, while `overlapping`
         self._bulk = False  # `bulk_settings` entered on it
@@ -115,6 +117,14 @@ class Prefetcher:
             return
         slot = self._pending[request_key(guess)] = _Prefetch()
         self._group.start_soon(self._fill, guess, slot)
+        self._writing_in_bulk()
+
+    def _writing_in_bulk(self) -> None:
+        """More pages come than one: the store in bulk mode to the round's end (once)."""
+        if self._settings is not None and not self._bulk_entered \
+                and self._bulk_writes is not None:
+            self._settings.enter_context(self._bulk_writes())
+            self._bulk_entered = True
 
     def prepare_batch(self, requests: Sequence[Request], answers: Sequence[Any]) -> None:
         """Prepare the first pages a `Batch` brought (several origins' at once) while the
@@ -173,9 +183,8 @@ class Prefetcher:
             return
         if self._settings is not None and not self._bulk:
             self._settings.enter_context(bulk_settings())
-            if self._bulk_writes is not None:
-                self._settings.enter_context(self._bulk_writes())
             self._bulk = True
+        self._writing_in_bulk()
         preparing = self._preparing[id(page.events)] = _Preparing(page.origin, page.after,
                                                                  page.events, ahead)
         self._group.start_soon(self._run, preparing, page)

@@ -216,24 +216,32 @@ def author(tmp_path: Path) -> Iterator[Store]:
         yield store
 
 
-@pytest.mark.parametrize(("profile", "bulk"), [("logsync", True), ("hub", False)])
-def test_a_pull_that_prepares_ahead_runs_in_bulk_and_leaves_it(
-        author: Store, tmp_path: Path, profile: str, bulk: bool) -> None:
-    """The client puts the store in bulk from the first page it prepares ahead to the end
-    of the round; a pull from a MemPalace hub (no chains: nothing prepared) never does."""
+@pytest.mark.parametrize(("profile", "limit", "bulk"), [
+    ("logsync", 8, True), ("hub", 8, True), ("logsync", 500, False), ("hub", 500, False)])
+def test_a_pull_of_more_than_a_page_runs_in_bulk_and_leaves_it(
+        author: Store, tmp_path: Path, profile: str, limit: int, bulk: bool) -> None:
+    """The client puts the store in bulk from the first page it fetches ahead (or
+    prepares) to the end of the round, from a logsync peer or a MemPalace hub; a round
+    of one page does not."""
     seen: list[int] = []
-    real = Store.apply_chained
+    real = Store.apply_chained, Store.apply_remote
 
-    def spy(self, *args, **kw):  # type: ignore[no-untyped-def]
+    def spy_chained(self, *args, **kw):  # type: ignore[no-untyped-def]
         seen.append(self._checkpointer._bulk)
-        return real(self, *args, **kw)
+        return real[0](self, *args, **kw)
+
+    def spy_remote(self, *args, **kw):  # type: ignore[no-untyped-def]
+        seen.append(self._checkpointer._bulk)
+        return real[1](self, *args, **kw)
 
     replica = fastpage_tests.replica(tmp_path, "r", author)
     peer = StorePeer(author, profile=LOGSYNC_SERVER if profile == "logsync" else UPSTREAM_HUB)
-    with mock.patch.object(Store, "apply_chained", spy), \
+    with mock.patch.object(Store, "apply_chained", spy_chained), \
+            mock.patch.object(Store, "apply_remote", spy_remote), \
             mock.patch.object(prefetch, "CORES", 2):
-        run_round(replica, peer, page_limit=8)
-    assert (max(seen, default=0) == 1) is bulk
+        run_round(replica, peer, page_limit=limit)
+    assert seen
+    assert (max(seen) == 1) is bulk
     assert not replica._checkpointer.bulk and replica.log_copied(30)
     assert replica.version_vector() == author.version_vector() | replica.version_vector()
     replica.close()
