@@ -41,7 +41,7 @@ class Checkpointer:
     def __init__(self, connect: Callable[[], sqlite3.Connection], log: Path) -> None:
         self._connect = connect
         self._log = log  # the `-wal` file
-        self._lock = threading.Lock()  # bulk count, thread, last count
+        self._lock = threading.Lock()  # the bulk count, the thread, its connection
         self._copying = threading.Lock()  # one checkpoint at a time
         self._wake = threading.Event()
         self._bulk = 0
@@ -117,8 +117,8 @@ class Checkpointer:
         if conn is None:  # one connection for the store's life, however many bulks
             try:
                 conn = self._connect()
-            except Exception as exc:  # noqa: BLE001 - copying falls to the bound in
-                self.failure = str(exc)  # `committed`; the next bulk tries again
+            except Exception as exc:  # noqa: BLE001 - the writer's automatic checkpoints
+                self.failure = str(exc)  # stay on (`autocheckpoint`); the next bulk retries
                 with self._lock:
                     self._thread = None
                 return
