@@ -50,8 +50,8 @@ def test_bootstrap_pulls_every_way_and_reports_ratios() -> None:
     result = run_benchmark("bootstrap", "--events", "600", "--patches", "15", "--repeat", "1")
     assert (result["events"], result["artifacts"]) == (600, 15)
     runs = result["runs"]
-    assert set(runs) == {"raw", "a_inproc", "b_inproc", "b_inproc_capped", "a_cli", "b_cli",
-                         "c_upstream"}
+    assert set(runs) == {"raw", "a_inproc", "a_inproc_nobulk", "b_inproc", "b_inproc_capped",
+                         "a_cli", "b_cli", "c_upstream"}
     for key, run in runs.items():
         assert positive(run["seconds"]) and positive(run["events_per_s"]), key
     for key in ("a_cli", "b_cli", "c_upstream"):
@@ -63,11 +63,12 @@ def test_bootstrap_pulls_every_way_and_reports_ratios() -> None:
     ratios = result["ratios"]
     for value in (ratios["upstream_over_a"]["wall"], ratios["upstream_over_a"]["net"],
                   ratios["a_over_raw"]["inproc"], ratios["a_over_raw"]["first_round"],
+                  ratios["a_over_raw"]["without_bulk"], *ratios["a_over_raw"]["per_round"],
                   ratios["upstream_over_b"]["wall"]):
         assert positive(value)
     text = rendered("bootstrap", result)
     assert "upstream/(a)" in text and "(a)/raw" in text and "upstream/(b)" in text
-    assert "in round 1" in text
+    assert "in round 1" in text and "round by round" in text and "no bulk" in text
     assert "mempalace logstream sync" in text and "fsync" in text
 
 
