@@ -246,7 +246,7 @@ def render(result: dict[str, Any]) -> list[str]:
     lines += [
         f"  upstream/(a): {u_a['wall']:6.1f}x wall, {u_a['net']:6.1f}x net   (target >= 10x)",
         f"  (a)/raw:      {a_raw['inproc']:6.2f}x in-process              (target <= 1.3x)",
-        "                " + ", ".join(f"{x:.2f}x" for x in a_raw["per_round"])
+        "                  " + ", ".join(f"{x:.2f}x" for x in a_raw["per_round"])
         + " round by round",
         f"                {a_raw['without_bulk']:6.2f}x what-if the commits checkpoint "
         "(the store never in bulk mode)",
