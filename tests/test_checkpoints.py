@@ -246,3 +246,52 @@ def test_a_pull_of_more_than_a_page_runs_in_bulk_and_leaves_it(
     assert replica.version_vector() == author.version_vector() | replica.version_vector()
     replica.close()
     assert not checkpointer_threads()
+
+
+def test_a_clean_close_after_a_bulk_leaves_the_database_file_alone(tmp_path: Path) -> None:
+    """The checkpointer's connection is closed first, so an interrupt it never used cannot
+    abort the checkpoint SQLite makes as the store's last connection closes: after a
+    bulk, a later write and a close, the file alone holds every op."""
+    palace = tmp_path / "p"
+    with Store.open(palace) as store:
+        with store.bulk_writes():
+            write_pages(store, 3)
+        assert store.log_copied(30)
+        write_pages(store, 1, start=151)
+        store.origin_top(ORIGIN)  # a reader connection, opened after the checkpointer's
+    assert sorted(p.name for p in palace.iterdir() if p.name.startswith("logstream")) == \
+        ["logstream.sqlite3"]
+    conn = sqlite3.connect(f"{(palace / 'logstream.sqlite3').as_uri()}?immutable=1", uri=True)
+    try:
+        assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 200
+    finally:
+        conn.close()
+
+
+def test_no_thread_to_be_had_leaves_the_writers_own_checkpoints(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+    with Store.open(tmp_path / "p") as store:
+        monkeypatch.setattr(threading.Thread, "start", refuse)
+        with store.bulk_writes():
+            write_pages(store, 2)
+            assert writer_autocheckpoint(store) == checkpoints.DEFAULT_AUTOCHECKPOINT
+        assert store.log_copied(1)
+        assert store._checkpointer.failure == "can't start new thread"
+    assert store._closed  # and it closed without raising
+
+
+def test_a_busy_checkpoint_is_not_counted_as_a_copy() -> None:
+    class Busy:
+        def execute(self, sql: str) -> Busy:
+            return self
+
+        def fetchone(self) -> tuple[int, int, int]:
+            return (1, -1, -1)
+
+    checkpointer = checkpoints.Checkpointer(lambda: sqlite3.connect(":memory:"),
+                                            Path("/nonexistent-wal"))
+    checkpointer._checkpoint(Busy())  # type: ignore[arg-type]
+    assert checkpointer.checkpoints == 0
+    assert checkpointer.failure is not None and checkpointer.failure.startswith("busy")

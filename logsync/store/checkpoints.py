@@ -3,7 +3,7 @@
 Why: SQLite copies its write-ahead log into the database file (a checkpoint) when a commit
 leaves the log over `wal_autocheckpoint` pages, and that commit waits for the copy. In a
 pull of 20 000 ops (a 66 MB log) the copies were about a third of the writer's time
-(benchmarks/apply.py). While a store is in *bulk* mode (a pull that prepares pages ahead,
+(benchmarks/apply.py). While a store is in *bulk* mode (a pull fetching pages ahead,
 `prefetch.Prefetcher`), the writer's automatic checkpoints are off and a checkpointer
 thread with its own connection copies the log while the writer goes on: a `PASSIVE`
 checkpoint never blocks the writer or a reader, and SQLite copies without the GIL.
@@ -11,12 +11,13 @@ checkpoint never blocks the writer or a reader, and SQLite copies without the GI
 Bounds: the log does not grow past about `BULK_LOG_BYTES`. A checkpoint beside a busy
 writer rarely lets the log start over (SQLite restarts it only at a transaction that
 begins with every frame copied), so a commit that finds the log file over the bound copies
-what is left itself, holding the write lock, as an automatic checkpoint would; the next
+what is left itself, holding the write lock, as an automatic checkpoint would. The next
 transaction then starts the log over (unless a reader still uses it: the same limit
-SQLite's own checkpoints have) and, with the writer's `journal_size_limit` at the bound,
-cuts the file back to it, so the file's size is the log's. When the last bulk ends, the
-thread copies what is left once more and stops, and the writer's automatic checkpoints
-come back at its next transaction. One thread per store, only while in bulk; `close`
+SQLite's own checkpoints have) and the writer's `journal_size_limit` (`LOG_FILE_LIMIT`)
+cuts the file back, so above that limit the file's size is the log's. When the last bulk
+ends, the thread copies what is left once more and stops, and the writer's automatic
+checkpoints come back at its next transaction. One thread per store, only while in bulk
+(none if none can be started: the writer's own checkpoints then stay on); `close`
 interrupts and joins it.
 """
 
@@ -30,7 +31,11 @@ from contextlib import suppress
 from pathlib import Path
 
 DEFAULT_AUTOCHECKPOINT = 1000  # SQLite's default, pages
-BULK_LOG_BYTES = 64 * 1024 * 1024  # also the writer's journal_size_limit
+BULK_LOG_BYTES = 64 * 1024 * 1024
+# The writer's journal_size_limit: a log that starts over cuts its file back to this, so
+# the file's size is the log's above it (the bound reads it) and a bulk leaves no 64 MiB
+# file behind. At most BULK_LOG_BYTES.
+LOG_FILE_LIMIT = 4 * 1024 * 1024
 JOIN_TIMEOUT_S = 30.0  # close waits this long for a checkpoint it interrupted
 
 
@@ -67,9 +72,15 @@ class Checkpointer:
             self._bulk += 1
             if self._thread is None or not self._thread.is_alive():
                 self._wake.clear()
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                 name="logsync-checkpointer")
-                self._thread.start()
+                thread = threading.Thread(target=self._run, daemon=True,
+                                          name="logsync-checkpointer")
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # no thread to be had: the writer's own
+                    self.failure = str(exc)  # checkpoints stay on (`autocheckpoint`)
+                    self._thread = None
+                    return
+                self._thread = thread
 
     def leave(self) -> None:
         with self._lock:
@@ -101,16 +112,23 @@ class Checkpointer:
         return True
 
     def close(self) -> None:
-        """Stop the thread (interrupting a checkpoint in progress) and wait for it."""
+        """Stop the thread (interrupting a checkpoint in progress), wait for it, and close
+        its connection first: an interrupt it did not use would otherwise stay pending,
+        and were it the store's last connection, abort the checkpoint SQLite makes when
+        the last one closes, leaving the log beside the database."""
         with self._lock:
             self._closed, self._bulk = True, 0
             thread, conn = self._thread, self._conn
         self._wake.set()
-        if conn is not None:
+        running = thread is not None and thread.is_alive()
+        if conn is not None and running:
             with suppress(sqlite3.Error):
                 conn.interrupt()
-        if thread is not None and thread is not threading.current_thread():
+        if running and thread is not threading.current_thread():
             thread.join(JOIN_TIMEOUT_S)
+        if conn is not None and not (thread is not None and thread.is_alive()):
+            with suppress(sqlite3.Error):
+                conn.close()  # the store closes it too (again: harmless)
 
     def _run(self) -> None:
         conn = self._conn
@@ -142,8 +160,11 @@ class Checkpointer:
 
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
         try:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        except sqlite3.Error as exc:  # closed, interrupted, busy: the next one retries
+            busy = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0]
+        except sqlite3.Error as exc:  # closed, interrupted: the next one retries
             self.failure = str(exc)
+            return
+        if busy:  # another connection (another process) was checkpointing
+            self.failure = "busy: another connection was copying the log"
             return
         self.checkpoints += 1

@@ -49,7 +49,7 @@ from logsync.replica import (
 from logsync.store.apply import ApplyResult, apply_page
 from logsync.store.chaining import backfill_chains
 from logsync.store.chainreads import ChainViews, sign_own_chain
-from logsync.store.checkpoints import BULK_LOG_BYTES, DEFAULT_AUTOCHECKPOINT, Checkpointer
+from logsync.store.checkpoints import DEFAULT_AUTOCHECKPOINT, LOG_FILE_LIMIT, Checkpointer
 from logsync.store.faults import (
     BUSY_TIMEOUT_S,
     StoreNeedsWrite,
@@ -132,7 +132,7 @@ class Store(Transactions, LocalWrites, Reads, ChainViews):
             self._file_id = _file_id(self.db_path)  # the file every connection opens
             if not read_only:
                 self._writer.execute(f"PRAGMA cache_size=-{WRITER_CACHE_KIB}")
-                self._writer.execute(f"PRAGMA journal_size_limit={BULK_LOG_BYTES}")
+                self._writer.execute(f"PRAGMA journal_size_limit={LOG_FILE_LIMIT}")
             if read_only:
                 problem = schema_problem(self._writer)
                 if problem is not None:
