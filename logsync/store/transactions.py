@@ -47,7 +47,7 @@ class Transactions:
 
     @contextmanager
     def bulk_writes(self) -> Iterator[None]:
-        """Many writes ahead (a pull preparing pages ahead): the log is copied into the
+        """Many writes ahead (a pull fetching pages ahead): the log is copied into the
         database by another thread meanwhile, not by the commits (`checkpoints.py`)."""
         if self.read_only:
             yield
