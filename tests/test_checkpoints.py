@@ -21,9 +21,11 @@ import pytest
 from conftest import RemoteKit
 
 from logsync import prefetch
+from logsync.errors import StoreError
 from logsync.responder import LOGSYNC_SERVER, UPSTREAM_HUB
 from logsync.store import Store, checkpoints
 from tests import test_fastpage as fastpage_tests
+from tests.conftest import mounted_tmpfs
 from tests.test_client import StorePeer, run_round
 
 KIT = RemoteKit()
@@ -295,3 +297,27 @@ def test_a_busy_checkpoint_is_not_counted_as_a_copy() -> None:
     checkpointer._checkpoint(Busy())  # type: ignore[arg-type]
     assert checkpointer.checkpoints == 0
     assert checkpointer.failure is not None and checkpointer.failure.startswith("busy")
+
+
+def test_a_full_disk_in_a_bulk_is_a_store_error_and_loses_nothing_committed(
+        tmp_path: Path) -> None:
+    """A disk that fills in the middle of a bulk: the write that cannot be made is one
+    StoreError naming the full disk, every page committed before it is still there, the
+    thread's failed copies are only noted, and the store closes and reopens cleanly."""
+    with mounted_tmpfs(tmp_path / "small", "4m") as mount:
+        palace = mount / "p"
+        store = Store.open(palace)
+        seq = 1
+        try:
+            with store.bulk_writes(), pytest.raises(StoreError) as caught:
+                while seq < 100_000:  # bounded: 4 MiB holds far fewer
+                    seq = write_pages(store, 1, start=seq)
+            assert "disk is full" in str(caught.value)
+            committed = store.origin_top(ORIGIN)
+            assert committed == seq - 1 and committed > 0
+        finally:
+            store.close()
+        assert not checkpointer_threads()
+        with Store.open(palace) as again:
+            assert again.origin_top(ORIGIN) == committed
+            assert again.corruption() is None
