@@ -154,7 +154,9 @@ def test_a_thread_that_cannot_connect_leaves_the_writers_own_checkpoints(
             assert store._checkpointer.wait(30)  # the thread gave up at once
             write_pages(store, 2)
             assert writer_autocheckpoint(store) == checkpoints.DEFAULT_AUTOCHECKPOINT
-        assert store._checkpointer.failure == "unable to open database file"
+        state = store.log_state()
+        assert state.failures == 1 and state.failure is not None
+        assert "cannot open the store (unable to open database file)" in state.failure
         assert store.origin_top(ORIGIN) == 100
 
 
@@ -280,7 +282,9 @@ def test_no_thread_to_be_had_leaves_the_writers_own_checkpoints(
             write_pages(store, 2)
             assert writer_autocheckpoint(store) == checkpoints.DEFAULT_AUTOCHECKPOINT
         assert store.log_copied(1)
-        assert store._checkpointer.failure == "can't start new thread"
+        state = store.log_state()
+        assert state.failures == 1 and state.failure is not None
+        assert "cannot start the checkpointer thread (can't start new thread)" in state.failure
     assert store._closed  # and it closed without raising
 
 
@@ -295,8 +299,8 @@ def test_a_busy_checkpoint_is_not_counted_as_a_copy() -> None:
     checkpointer = checkpoints.Checkpointer(lambda: sqlite3.connect(":memory:"),
                                             Path("/nonexistent-wal"))
     checkpointer._checkpoint(Busy())  # type: ignore[arg-type]
-    assert checkpointer.checkpoints == 0
-    assert checkpointer.failure is not None and checkpointer.failure.startswith("busy")
+    state = checkpointer.state()
+    assert (state.checkpoints, state.busy, state.failures, state.failure) == (0, 1, 0, None)
 
 
 def test_a_full_disk_in_a_bulk_is_a_store_error_and_loses_nothing_committed(

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import anyio
 import msgpack
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -27,6 +27,7 @@ from logsync.server.stream import (
     ChangeNotifier,
     _LatestProbe,
 )
+from logsync.store.checkpoints import LogState
 from logsync.wire import EXT_PUSH, EXT_SNAPSHOT, PUSH_PATH, UPSTREAM_PAGE_LIMIT
 
 logger = logging.getLogger("logsync.server")
@@ -101,13 +102,15 @@ class _StoreCollector:
     def __init__(self, server: _Server) -> None:
         self._server = server
 
-    def describe(self) -> list[GaugeMetricFamily]:
+    def describe(self) -> list[Metric]:
         return [self._family(f"logsync_store_{name}", name) for name in self.NAMES] + [
-            self._family(metric, name) for metric, name in self.SHORT.items()]
+            self._family(metric, name) for metric, name in self.SHORT.items()] + \
+            self._log_families(LogState(0, 0, 0, 0, None))
 
-    def collect(self) -> list[GaugeMetricFamily]:
-        counts = self._server.store_now().counts(unreviewed=True)
-        families = []
+    def collect(self) -> list[Metric]:
+        store = self._server.store_now()
+        counts = store.counts(unreviewed=True)
+        families: list[Metric] = self._log_families(store.log_state())
         named = [(f"logsync_store_{name}", name) for name in self.NAMES]
         for metric, name in named + list(self.SHORT.items()):
             if name not in counts and metric not in dict(named):
@@ -120,6 +123,24 @@ class _StoreCollector:
     @staticmethod
     def _family(metric: str, name: str) -> GaugeMetricFamily:
         return GaugeMetricFamily(metric, f"{name} held in this replica's store")
+
+    @staticmethod
+    def _log_families(state: LogState) -> list[Metric]:
+        """The write-ahead log: its size, and the copies bulk mode made beside a pull."""
+        size = GaugeMetricFamily("logsync_store_log_bytes",
+                                 "size of the store's write-ahead log file (-wal)")
+        size.add_metric([], float(state.log_bytes))
+        families: list[Metric] = [size]
+        for name, value, text in (
+                ("checkpoints", state.checkpoints, "log copies into the database run beside "
+                 "a pull (bulk mode)"),
+                ("checkpoints_busy", state.busy, "log copies another connection kept busy"),
+                ("checkpoint_failures", state.failures, "log copies, checkpointer threads or "
+                 "their connections that failed")):
+            family = CounterMetricFamily(f"logsync_store_log_{name}", text)
+            family.add_metric([], float(value))
+            families.append(family)
+        return families
 
 
 @dataclass(frozen=True)

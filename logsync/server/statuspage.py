@@ -20,6 +20,7 @@ import html
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -184,6 +185,7 @@ def _snapshot(store: Any) -> dict[str, Any]:
     return {
         "replica_id": store.replica_id,
         "counts": store.counts(),
+        "log": asdict(store.log_state()),
         "events": store.list_events(limit=RECENT_EVENTS, order="desc"),
     }
 
@@ -242,7 +244,7 @@ def render_page(data: Mapping[str, Any], now: float, logout_button: bool) -> str
     if problem:
         parts.append(f'<p class="problem" id="store-problem">Store problem: {esc(problem)}</p>')
     parts += [_peers_section(data.get("peers") or [], now),
-              _ledgers_section(data.get("counts") or {}),
+              _ledgers_section(data.get("counts") or {}, data.get("log") or {}),
               _events_section(data.get("events") or [])]
     return _document(f"logsync {replica}", "".join(parts), refresh=True)
 
@@ -322,9 +324,10 @@ def _catchup(catchup: object) -> str:
             f'{esc(_duration(eta) if eta is not None else "unknown")}</span>')
 
 
-def _ledgers_section(counts: Mapping[str, Any]) -> str:
+def _ledgers_section(counts: Mapping[str, Any], log: Mapping[str, Any]) -> str:
     return (
         "<h2>Store</h2><table id=\"store\">"
+        f"{_log_row(log)}"
         f'<tr><th>Events</th><td class="num">{esc(counts.get("events", "?"))}</td></tr>'
         f'<tr><th>Artifacts</th><td class="num">{esc(counts.get("artifacts", "?"))}</td></tr>'
         f'<tr><th>Conflicts</th><td class="num" id="conflicts">'
@@ -334,6 +337,18 @@ def _ledgers_section(counts: Mapping[str, Any]) -> str:
         f'{esc(counts.get("quarantined", "?"))}</td><td><a href="/quarantine.json">JSON</a>'
         "</td></tr></table>"
     )
+
+
+def _log_row(log: Mapping[str, Any]) -> str:
+    """The write-ahead log's size and copies; the last failed copy until one succeeds."""
+    if not log:
+        return ""
+    failure = log.get("failure")
+    said = (f' <span class="bad" id="log-failure">{esc(failure)}</span>' if failure else "")
+    return (f'<tr><th>Write-ahead log</th><td class="num" id="log-bytes">'
+            f'{esc(_as_int(log.get("log_bytes")) // 1024)} KiB</td><td>'
+            f'{esc(_as_int(log.get("checkpoints")))} copies beside pulls, '
+            f'{esc(_as_int(log.get("failures")))} failed{said}</td></tr>')
 
 
 def _events_section(events: list[Mapping[str, Any]]) -> str:

@@ -23,12 +23,16 @@ interrupts and joins it.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("logsync.store")
 
 DEFAULT_AUTOCHECKPOINT = 1000  # SQLite's default, pages
 BULK_LOG_BYTES = 64 * 1024 * 1024
@@ -37,6 +41,19 @@ BULK_LOG_BYTES = 64 * 1024 * 1024
 # file behind. At most BULK_LOG_BYTES.
 LOG_FILE_LIMIT = 4 * 1024 * 1024
 JOIN_TIMEOUT_S = 30.0  # close waits this long for a checkpoint it interrupted
+
+
+@dataclass(frozen=True)
+class LogState:
+    """What an operator sees of the write-ahead log (`/metrics`, the status page): its
+    file's size, the checkpoints bulk mode ran, those another connection kept busy, and
+    those that failed, with the last failure's sentence (cleared by the next copy)."""
+
+    log_bytes: int
+    checkpoints: int
+    busy: int
+    failures: int
+    failure: str | None
 
 
 class Checkpointer:
@@ -54,7 +71,9 @@ class Checkpointer:
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self.checkpoints = 0  # checkpoints run (by the thread and by commits)
-        self.failure: str | None = None  # the last checkpoint's error (never raised)
+        self.busy = 0  # checkpoints another connection (another process) kept busy
+        self.failures = 0  # checkpoints, threads or connections that failed
+        self.failure: str | None = None  # the last failure's sentence (never raised)
 
     @property
     def bulk(self) -> bool:
@@ -77,8 +96,9 @@ class Checkpointer:
                 try:
                     thread.start()
                 except RuntimeError as exc:  # no thread to be had: the writer's own
-                    self.failure = str(exc)  # checkpoints stay on (`autocheckpoint`)
-                    self._thread = None
+                    self._failed(f"cannot start the checkpointer thread ({exc}): the writer copies "
+                                 "the log itself")
+                    self._thread = None  # checkpoints stay on (`autocheckpoint`)
                     return
                 self._thread = thread
 
@@ -136,7 +156,9 @@ class Checkpointer:
             try:
                 conn = self._connect()
             except Exception as exc:  # noqa: BLE001 - the writer's automatic checkpoints
-                self.failure = str(exc)  # stay on (`autocheckpoint`); the next bulk retries
+                # stay on (`autocheckpoint`); the next bulk retries
+                self._failed(f"the checkpointer cannot open the store ({exc}): the writer "
+                             "copies the log itself")
                 with self._lock:
                     self._thread = None
                 return
@@ -158,13 +180,31 @@ class Checkpointer:
                     self._thread = None
                     return
 
+    def state(self) -> LogState:
+        try:
+            size = os.stat(self._log).st_size
+        except OSError:
+            size = 0
+        return LogState(size, self.checkpoints, self.busy, self.failures, self.failure)
+
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
         try:
             busy = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[0]
         except sqlite3.Error as exc:  # closed, interrupted: the next one retries
-            self.failure = str(exc)
+            if not self._closed:  # close interrupts a copy on purpose
+                self._failed(f"copying {self._log.name} into the database failed ({exc}): "
+                             "the next commit tries again")
             return
-        if busy:  # another connection (another process) was checkpointing
-            self.failure = "busy: another connection was copying the log"
+        if busy:  # another connection (another process) was checkpointing: not a fault
+            self.busy += 1
             return
         self.checkpoints += 1
+        self.failure = None
+
+    def _failed(self, sentence: str) -> None:
+        """Count a failure and say it once (until a copy succeeds or it changes): the
+        writer goes on either way, and a bulk's later commits would repeat it."""
+        self.failures += 1
+        if sentence != self.failure:
+            log.warning("%s", sentence)
+        self.failure = sentence

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from logsync.errors import StoreError, ValidationError
-from logsync.store.checkpoints import Checkpointer
+from logsync.store.checkpoints import Checkpointer, LogState
 from logsync.store.faults import describe_fault
 
 
@@ -62,6 +62,10 @@ class Transactions:
         """Wait up to `timeout` s for the copy a bulk left running to end; whether it did
         (a benchmark times a pull until its log is in the database file)."""
         return self._checkpointer.wait(timeout)
+
+    def log_state(self) -> LogState:
+        """The write-ahead log as an operator sees it (`checkpoints.LogState`)."""
+        return self._checkpointer.state()
 
     def _in_batch(self) -> bool:
         return self._batch_thread == threading.get_ident()
