@@ -221,3 +221,32 @@ def test_a_fleet_that_never_converged_still_reports_what_is_unsafe() -> None:
         assert any("artifact art1 differs between n0 and n1" in line for line in said), said
         lag = [line for line in said if "not by n2" in line]
         assert bool(lag) is converged, said  # n2's lag is a finding only once converged
+
+
+
+@pytest.mark.parametrize("suffix", ["png", "svg", "svgz", "pdf", "ps", "eps"])
+def test_a_plot_is_the_same_bytes_whenever_it_is_drawn(
+        tmp_path: Path, suffix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No date and no random id in the file (matplotlib stamps the moment and salts SVG
+    ids with a uuid by default): the same run draws the same bytes."""
+    import gzip
+
+    from logsync.sim.plot import plot_lag
+
+    report = run_scenario(parse_scenario(TINY))
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()  # the same name: PostScript writes it in its title
+    first = plot_lag(report, tmp_path / "a" / f"lag.{suffix}").read_bytes()
+    second = plot_lag(report, tmp_path / "b" / f"lag.{suffix}").read_bytes()
+    assert first == second
+    text = gzip.decompress(first) if suffix == "svgz" else first
+    if suffix == "svgz":
+        assert first[4:8] == bytes(4)  # gzip's mtime
+    if suffix in ("svg", "svgz"):
+        assert b"<svg" in text and b"<dc:date>" not in text
+    if suffix == "pdf":
+        assert text.startswith(b"%PDF") and b"/CreationDate" not in text
+    if suffix in ("ps", "eps"):
+        assert b"%%CreationDate: Thu Jan 01 00:00:00 1970" in text
+    assert "SOURCE_DATE_EPOCH" not in os.environ  # put back as it was

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import gzip
+import io
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from logsync.errors import ConfigError
 from logsync.sim.report import SimReport
@@ -18,6 +24,46 @@ def _unit(span: float) -> tuple[float, str]:
     return 1.0, "seconds"
 
 
+# The same run draws the same bytes: no date in the file, and SVG's element ids salted
+# with a constant (matplotlib draws them from a random uuid otherwise).
+_UNDATED: dict[str, dict[str, Any]] = {"pdf": {"CreationDate": None},
+                                       "svg": {"Date": None}, "svgz": {"Date": None}}
+_SVG_SALT = "logsync-sim"
+
+
+@contextmanager
+def _epoch_zero(suffix: str) -> Iterator[None]:
+    """PostScript takes its date only from `SOURCE_DATE_EPOCH`: 0 while it is written."""
+    if suffix not in ("ps", "eps"):
+        yield
+        return
+    was = os.environ.get("SOURCE_DATE_EPOCH")
+    os.environ["SOURCE_DATE_EPOCH"] = "0"
+    try:
+        yield
+    finally:
+        if was is None:
+            del os.environ["SOURCE_DATE_EPOCH"]
+        else:
+            os.environ["SOURCE_DATE_EPOCH"] = was
+
+
+def _save(fig: Any, target: Path) -> None:
+    """`savefig` with nothing of the moment in the file (`_UNDATED`, `_epoch_zero`; an
+    `.svgz` gzipped here with mtime 0, where matplotlib stamps the time)."""
+    import matplotlib
+
+    suffix = target.suffix.lower().lstrip(".")
+    with matplotlib.rc_context({"svg.hashsalt": _SVG_SALT}), _epoch_zero(suffix):
+        if suffix == "svgz":
+            svg = io.BytesIO()
+            fig.savefig(svg, format="svg", dpi=110, metadata=_UNDATED["svg"])
+            target.write_bytes(gzip.compress(svg.getvalue(), mtime=0))
+        else:
+            undated = _UNDATED.get(suffix)  # pgf takes no metadata at all
+            fig.savefig(target, dpi=110, **({"metadata": undated} if undated else {}))
+
+
 def check_plot_format(path: Path) -> None:
     """The file name's suffix must be a format matplotlib writes (checked before a run)."""
     from matplotlib.backend_bases import FigureCanvasBase
@@ -30,7 +76,8 @@ def check_plot_format(path: Path) -> None:
 
 
 def plot_lag(report: SimReport, path: str | Path) -> Path:
-    """Write a PNG; an unwritable path is one ConfigError sentence."""
+    """Write the plot in the format its suffix names (PNG for `.png`), the same bytes for
+    the same report; an unwritable path is one ConfigError sentence."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,7 +115,7 @@ def plot_lag(report: SimReport, path: str | Path) -> Path:
         ax.legend(fontsize="small", ncol=2, loc="upper left")
         fig.tight_layout()
         try:
-            fig.savefig(target, dpi=110)
+            _save(fig, target)
         except OSError as exc:
             raise ConfigError(f"cannot write the plot to {target}: "
                               f"{exc.strerror or exc}") from None
