@@ -146,3 +146,39 @@ def test_a_workload_patch_is_as_large_as_asked_and_never_past_what_a_store_holds
         assert _patch_text(7, size, random.Random(size)) == as_before(7, size, random.Random(size))
     largest = _patch_text(7, MAX_ARTIFACT_BYTES, random.Random(1))
     assert MAX_ARTIFACT_BYTES - 64 <= len(largest.encode()) <= MAX_ARTIFACT_BYTES
+
+
+def _variants(path: Path) -> list[str | None]:
+    import tomllib
+    return [None, *sorted(tomllib.loads(path.read_text()).get("variants", {}))]
+
+
+@pytest.mark.parametrize("path", sorted(LIBRARY.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_library_scenario_and_variant_has_its_own_digest(path: Path) -> None:
+    digests = [load_scenario(path, variant).digest() for variant in _variants(path)]
+    assert all(len(d) == 64 for d in digests)
+    assert len(set(digests)) == len(digests)  # each variant runs something else
+
+
+def test_the_digest_is_what_runs_not_the_seed_path_comments_or_prose() -> None:
+    text = 'name = "d"\nduration = "5s"\n[network]\nlatency = "10ms"\n'
+    base = parse_scenario(text, source="a.toml").digest()
+    assert parse_scenario(text.replace("\n[", '\ndescription = "prose"\n[', 1) + "# note\n",
+                          source="elsewhere/b.toml").with_seed(7).digest() == base
+    assert parse_scenario(text.replace("10ms", "11ms")).digest() != base
+    assert parse_scenario(text.replace('"d"', '"e"')).digest() != base
+
+
+def test_reports_and_sweeps_carry_the_scenario_digest(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.toml"
+    path.write_text('name = "tiny"\nduration = "2s"\n[nodes]\ncount = 2\n'
+                    '[[workload]]\nnodes = "all"\nrate = 2\n')
+    digest = load_scenario(path).digest()
+    one = CliRunner().invoke(cli, ["simulate", str(path)])
+    assert one.exit_code == 0, one.output
+    assert f"  scenario sha256 {digest} (its seed and path aside)" in one.output.splitlines()
+    sweep = CliRunner().invoke(cli, ["simulate", str(path), "--seeds", "1..2", "--json"])
+    assert sweep.exit_code == 0, sweep.output
+    assert json.loads(sweep.output)["scenario_digests"] == [digest]
+    single = CliRunner().invoke(cli, ["simulate", str(path), "--json"])
+    assert json.loads(single.output)["scenario_digest"] == digest

@@ -39,6 +39,7 @@ class SimReport:
     source: str
     trace_hash: str
     trace_lines: int
+    scenario_digest: str  # `Scenario.digest`: what ran, seed and file path aside
     nodes: list[str]
     duration: float
     heal_at: float | None
@@ -141,7 +142,8 @@ class SimReport:
             "scenario": self.scenario, "variant": self.variant, "seed": self.seed,
             "source": self.source, "ok": self.ok, "targets_missed": self.missed(),
             "replay": self.replay(), "trace_hash": self.trace_hash,
-            "trace_lines": self.trace_lines, "nodes": self.nodes,
+            "trace_lines": self.trace_lines, "scenario_digest": self.scenario_digest,
+            "nodes": self.nodes,
             "virtual_time": {"duration_s": self.duration, "heal_at_s": self.heal_at,
                              "converged_at_s": self.converged_at,
                              "convergence_after_heal_s": self.convergence_s},
@@ -175,7 +177,8 @@ class SimReport:
     def text(self) -> str:
         name = self.scenario + (f" [{self.variant}]" if self.variant else "")
         lines = [f"scenario {name} seed={self.seed}: {self.verdict()}",
-                 f"  trace sha256 {self.trace_hash} ({self.trace_lines} lines)"]
+                 f"  trace sha256 {self.trace_hash} ({self.trace_lines} lines)",
+                 f"  scenario sha256 {self.scenario_digest} (its seed and path aside)"]
         if self.verdict() != "OK":
             lines.append(f"  replay with `{self.replay()}`")
         conv = "never" if self.convergence_s is None else f"{self.convergence_s:.3f} s"
@@ -238,6 +241,7 @@ def summarise(reports: list[SimReport], errors: dict[int, str] | None = None) ->
 
     return {
         "runs": len(reports) + len(errors),
+        "scenario_digests": sorted({r.scenario_digest for r in reports}),  # one: the same
         "failed_seeds": sorted([r.seed for r in reports if not r.ok] + list(errors)),
         "targets_missed_seeds": [r.seed for r in reports if not r.targets_met()],
         "convergence_s": spread([r.convergence_s for r in reports
@@ -268,6 +272,8 @@ def summary_text(summary: dict[str, Any], name: str) -> str:
                 if summary["failed_seeds"] else "")
              + (f", {len(missed)} missed targets ({', '.join(map(str, missed))})"
                 if missed else "")]
+    for digest in summary["scenario_digests"]:
+        lines.append(f"  scenario sha256 {digest} (its seed and path aside)")
     for key in ("convergence_s", "requests_per_event", "messages_per_event", "reach_median_s",
                 "reach_max_s"):
         if summary[key]:

@@ -407,7 +407,7 @@ class Simulation:
         return SimReport(
             scenario=s.name, variant=s.variant, seed=s.seed, source=s.source,
             trace_hash=self.trace.digest(), trace_lines=self.trace.lines,
-            nodes=list(self.nodes), duration=s.duration, heal_at=heal,
+            scenario_digest=s.digest(), nodes=list(self.nodes), duration=s.duration, heal_at=heal,
             converged_at=converged,
             convergence_s=None if converged is None or heal is None else converged - heal,
             events=events, artifacts=max((sn.counts["artifacts"] for sn in snaps), default=0),

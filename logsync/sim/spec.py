@@ -7,7 +7,9 @@ choice allows, and the keys each table of the file allows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
 
 from logsync.defaults import DEFAULT_COALESCE_S, DEFAULT_DEBOUNCE_S, DEFAULT_ORIGINS_IN_FLIGHT
 from logsync.errors import ConfigError
@@ -195,6 +197,15 @@ class Scenario:
 
     def with_seed(self, seed: int) -> Scenario:
         return replace(self, seed=seed)
+
+    def digest(self) -> str:
+        """sha256 of what this scenario runs, its seed, file path and description aside:
+        two reports with the same digest and seed ran the same scenario (a changed trace
+        is then the code's doing), whatever the file's comments, layout or name."""
+        fields = {k: v for k, v in asdict(self).items()
+                  if k not in ("seed", "source", "description")}
+        text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 # ── the keys each table of a scenario file allows ────────────────────
