@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from logsync.cli import cli
-from logsync.sim import faults
+from logsync.sim import faults, summarise
 from logsync.sim.scenario import (
     FAULT_KINDS,
     ScenarioError,
@@ -160,13 +160,22 @@ def test_every_library_scenario_and_variant_has_its_own_digest(path: Path) -> No
     assert len(set(digests)) == len(digests)  # each variant runs something else
 
 
-def test_the_digest_is_what_runs_not_the_seed_path_comments_or_prose() -> None:
-    text = 'name = "d"\nduration = "5s"\n[network]\nlatency = "10ms"\n'
-    base = parse_scenario(text, source="a.toml").digest()
-    assert parse_scenario(text.replace("\n[", '\ndescription = "prose"\n[', 1) + "# note\n",
-                          source="elsewhere/b.toml").with_seed(7).digest() == base
-    assert parse_scenario(text.replace("10ms", "11ms")).digest() != base
-    assert parse_scenario(text.replace('"d"', '"e"')).digest() != base
+def test_the_digest_is_what_runs_not_the_seed_names_paths_comments_or_prose(
+        tmp_path: Path) -> None:
+    text = ('duration = "5s"\n[nodes]\ncount = 3\nskew = { n1 = "1s", n2 = "2s" }\n'
+            '[network]\nlatency = "10ms"\n')
+    (tmp_path / "a.toml").write_text(text)  # nameless: named after the file
+    (tmp_path / "b.toml").write_text('name = "other"\ndescription = "prose"\n# a note\n'
+                                     + text.replace('n1 = "1s", n2 = "2s"',
+                                                    'n2 = "2s", n1 = "1s"'))
+    base = load_scenario(tmp_path / "a.toml")
+    assert base.name == "a"
+    assert load_scenario(tmp_path / "b.toml").with_seed(7).digest() == base.digest()
+    assert parse_scenario(text.replace("10ms", "11ms")).digest() != base.digest()
+    assert parse_scenario(text.replace('"2s"', '"3s"')).digest() != base.digest()
+    same = text + '[variants.same.sync]\n[variants.slower.network]\nlatency = "20ms"\n'
+    assert parse_scenario(same, variant="same").digest() == base.digest()
+    assert parse_scenario(same, variant="slower").digest() != base.digest()
 
 
 def test_reports_and_sweeps_carry_the_scenario_digest(tmp_path: Path) -> None:
@@ -176,9 +185,12 @@ def test_reports_and_sweeps_carry_the_scenario_digest(tmp_path: Path) -> None:
     digest = load_scenario(path).digest()
     one = CliRunner().invoke(cli, ["simulate", str(path)])
     assert one.exit_code == 0, one.output
-    assert f"  scenario sha256 {digest} (its seed and path aside)" in one.output.splitlines()
+    assert f"  scenario sha256 {digest} (what runs: seed, names and path aside)" \
+        in one.output.splitlines()
     sweep = CliRunner().invoke(cli, ["simulate", str(path), "--seeds", "1..2", "--json"])
     assert sweep.exit_code == 0, sweep.output
-    assert json.loads(sweep.output)["scenario_digests"] == [digest]
+    assert json.loads(sweep.output)["scenario_digest"] == digest
     single = CliRunner().invoke(cli, ["simulate", str(path), "--json"])
     assert json.loads(single.output)["scenario_digest"] == digest
+    # a sweep whose every seed failed to run still names what it swept
+    assert summarise([], {1: "boom"}, scenario_digest=digest)["scenario_digest"] == digest

@@ -238,7 +238,8 @@ def sweep_summary(scenario: Any, seeds: range, workers: int, run: Callable[[Any]
         raise SweepInterrupted(f"interrupted: {len(done)} of {len(seeds)} seeds had finished "
                                f"and no run was left going") from None
     reports = [done[s][0] for s in seeds if done[s][1] is None]
-    return summarise(reports, {s: done[s][1] for s in seeds if done[s][1] is not None})
+    return summarise(reports, {s: done[s][1] for s in seeds if done[s][1] is not None},
+                     scenario_digest=scenario.digest())
 
 
 def run_seed(run: Callable[[Any], Any], scenario: Any, seed: int) -> Outcome:

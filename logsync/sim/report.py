@@ -178,7 +178,8 @@ class SimReport:
         name = self.scenario + (f" [{self.variant}]" if self.variant else "")
         lines = [f"scenario {name} seed={self.seed}: {self.verdict()}",
                  f"  trace sha256 {self.trace_hash} ({self.trace_lines} lines)",
-                 f"  scenario sha256 {self.scenario_digest} (its seed and path aside)"]
+                 f"  scenario sha256 {self.scenario_digest} (what runs: seed, names and path "
+                 "aside)"]
         if self.verdict() != "OK":
             lines.append(f"  replay with `{self.replay()}`")
         conv = "never" if self.convergence_s is None else f"{self.convergence_s:.3f} s"
@@ -228,10 +229,12 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def summarise(reports: list[SimReport], errors: dict[int, str] | None = None) -> dict[str, Any]:
+def summarise(reports: list[SimReport], errors: dict[int, str] | None = None, *,
+              scenario_digest: str | None = None) -> dict[str, Any]:
     """A sweep over seeds: pass/fail per seed and the spread of the main figures. `errors`:
     seeds whose run raised (or whose worker died), one sentence each; they count as failed
-    and are listed in their place among the seeds."""
+    and are listed in their place among the seeds. `scenario_digest`: the swept scenario's
+    (`Scenario.digest`), else the reports'."""
     errors = errors or {}
     def spread(values: list[float]) -> dict[str, float] | None:
         if not values:
@@ -241,7 +244,7 @@ def summarise(reports: list[SimReport], errors: dict[int, str] | None = None) ->
 
     return {
         "runs": len(reports) + len(errors),
-        "scenario_digests": sorted({r.scenario_digest for r in reports}),  # one: the same
+        "scenario_digest": scenario_digest or next((r.scenario_digest for r in reports), None),
         "failed_seeds": sorted([r.seed for r in reports if not r.ok] + list(errors)),
         "targets_missed_seeds": [r.seed for r in reports if not r.targets_met()],
         "convergence_s": spread([r.convergence_s for r in reports
@@ -272,8 +275,9 @@ def summary_text(summary: dict[str, Any], name: str) -> str:
                 if summary["failed_seeds"] else "")
              + (f", {len(missed)} missed targets ({', '.join(map(str, missed))})"
                 if missed else "")]
-    for digest in summary["scenario_digests"]:
-        lines.append(f"  scenario sha256 {digest} (its seed and path aside)")
+    if summary["scenario_digest"]:
+        lines.append(f"  scenario sha256 {summary['scenario_digest']} (what runs: seeds, "
+                     "names and paths aside)")
     for key in ("convergence_s", "requests_per_event", "messages_per_event", "reach_median_s",
                 "reach_max_s"):
         if summary[key]:

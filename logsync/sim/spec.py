@@ -199,11 +199,13 @@ class Scenario:
         return replace(self, seed=seed)
 
     def digest(self) -> str:
-        """sha256 of what this scenario runs, its seed, file path and description aside:
-        two reports with the same digest and seed ran the same scenario (a changed trace
-        is then the code's doing), whatever the file's comments, layout or name."""
+        """sha256 of what this scenario runs: not its seed, its name, its variant's name,
+        its file's path or its description, and skews in any order. Two reports with the
+        same digest and seed ran the same scenario (a changed trace is then the code's
+        doing), whatever the file's comments, layout or name."""
         fields = {k: v for k, v in asdict(self).items()
-                  if k not in ("seed", "source", "description")}
+                  if k not in ("seed", "source", "description", "name", "variant")}
+        fields["skew"] = sorted(fields["skew"])
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
