@@ -77,6 +77,11 @@ def test_a_failed_copy_is_counted_said_once_and_cleared_by_the_next(
         checkpointer._checkpoint(failing)  # type: ignore[arg-type]
         state = store.log_state()
         assert (state.checkpoints, state.failures, state.failure) == (1, 2, None)
+        failing.failing = True  # failing again after a copy is said again
+        with caplog.at_level(logging.WARNING, logger="logsync.store"):
+            checkpointer._checkpoint(failing)  # type: ignore[arg-type]
+        said = [r.getMessage() for r in caplog.records if r.name == "logsync.store"]
+        assert len(said) == 2 and said[0] == said[1] == store.log_state().failure
     finally:
         conn.close()
 

@@ -66,6 +66,7 @@ class Checkpointer:
         self._lock = threading.Lock()  # the bulk count, the thread, its connection
         self._copying = threading.Lock()  # one checkpoint at a time
         self._wake = threading.Event()
+        self._tally = threading.Lock()  # the counts below and `failure`, read as one
         self._bulk = 0
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
@@ -185,7 +186,8 @@ class Checkpointer:
             size = os.stat(self._log).st_size
         except OSError:
             size = 0
-        return LogState(size, self.checkpoints, self.busy, self.failures, self.failure)
+        with self._tally:
+            return LogState(size, self.checkpoints, self.busy, self.failures, self.failure)
 
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
         try:
@@ -195,16 +197,18 @@ class Checkpointer:
                 self._failed(f"copying {self._log.name} into the database failed ({exc}): "
                              "the next commit tries again")
             return
-        if busy:  # another connection (another process) was checkpointing: not a fault
-            self.busy += 1
-            return
-        self.checkpoints += 1
-        self.failure = None
+        with self._tally:
+            if busy:  # another connection (another process) was checkpointing: not a fault
+                self.busy += 1
+                return
+            self.checkpoints += 1
+            self.failure = None
 
     def _failed(self, sentence: str) -> None:
         """Count a failure and say it once (until a copy succeeds or it changes): the
         writer goes on either way, and a bulk's later commits would repeat it."""
-        self.failures += 1
-        if sentence != self.failure:
+        with self._tally:
+            self.failures += 1
+            said, self.failure = self.failure, sentence
+        if sentence != said:
             log.warning("%s", sentence)
-        self.failure = sentence
