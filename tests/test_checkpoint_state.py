@@ -7,26 +7,19 @@ from __future__ import annotations
 import logging
 import re
 import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from logsync.server import create_app
 from logsync.store import Store
 from tests.test_checkpoints import write_pages
-from tests.test_statuspage import BEARER, TOKEN, client
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store.open(tmp_path / "palace") as opened:
-        yield opened
+from tests.test_statuspage import (  # noqa: F401 - the page tests' fixtures
+    BEARER,
+    TOKEN,
+    anyio_backend,
+    client,
+    store,
+)
 
 
 class Failing:
@@ -47,7 +40,7 @@ def metric(text: str, name: str) -> float:
     return float(found.group(1))
 
 
-def test_a_bulk_counts_its_copies_and_no_failure(store: Store) -> None:
+def test_a_bulk_counts_its_copies_and_no_failure(store: Store) -> None:  # noqa: F811
     assert store.log_state().checkpoints == 0
     with store.bulk_writes():
         write_pages(store, 4)
@@ -59,7 +52,7 @@ def test_a_bulk_counts_its_copies_and_no_failure(store: Store) -> None:
 
 
 def test_a_failed_copy_is_counted_said_once_and_cleared_by_the_next(
-        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
     checkpointer = store._checkpointer
     conn = sqlite3.connect(store.db_path)
     failing = Failing(conn)
@@ -88,7 +81,7 @@ def test_a_failed_copy_is_counted_said_once_and_cleared_by_the_next(
 
 @pytest.mark.anyio
 async def test_metrics_and_the_status_page_show_the_log_and_its_last_failure(
-        store: Store) -> None:
+        store: Store) -> None:  # noqa: F811 - the imported fixture
     with store.bulk_writes():
         write_pages(store, 2)
     assert store.log_copied(30)
