@@ -250,3 +250,21 @@ def test_a_plot_is_the_same_bytes_whenever_it_is_drawn(
     if suffix in ("ps", "eps"):
         assert b"%%CreationDate: Thu Jan 01 00:00:00 1970" in text
     assert "SOURCE_DATE_EPOCH" not in os.environ  # put back as it was
+
+
+def test_a_plot_format_needing_a_missing_program_is_refused_before_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """matplotlib's .pgf needs a TeX program: without one the run would end in a traceback
+    after all its work, so the suffix is refused up front, naming the program."""
+    import shutil as shutil_mod
+
+    from logsync.errors import ConfigError
+    from logsync.sim.plot import check_plot_format
+
+    monkeypatch.setattr(shutil_mod, "which", lambda name, *a, **k: None)
+    with pytest.raises(ConfigError, match=r"cannot draw the plot as x\.pgf: matplotlib writes "
+                       r"\.pgf through xelatex, which is not installed here"):
+        check_plot_format(Path("x.pgf"))
+    check_plot_format(Path("x.svg"))  # needs no program
+    monkeypatch.setattr(shutil_mod, "which", lambda name, *a, **k: f"/usr/bin/{name}")
+    check_plot_format(Path("x.pgf"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -73,6 +74,14 @@ def check_plot_format(path: Path) -> None:
     if suffix not in formats:
         raise ConfigError(f"cannot draw the plot as {path}: {suffix or 'no suffix'!r} is not "
                           f"an image format; name the file .png (or {', '.join(sorted(formats))})")
+    if suffix == "pgf":  # matplotlib measures the text with a TeX program, after the run
+        import matplotlib
+
+        tex = matplotlib.rcParams["pgf.texsystem"]
+        if shutil.which(tex) is None:
+            raise ConfigError(f"cannot draw the plot as {path}: matplotlib writes .pgf "
+                              f"through {tex}, which is not installed here; name the file "
+                              ".png, .svg or .pdf")
 
 
 def plot_lag(report: SimReport, path: str | Path) -> Path:
