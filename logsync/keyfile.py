@@ -60,14 +60,17 @@ def read_signing_key(palace: Path) -> SigningKey | None:
     return SigningKey(bytes.fromhex(seed.decode("ascii")))
 
 
-def load_or_mint_signing_key(palace: Path) -> SigningKey:
+def load_or_mint_signing_key(palace: Path, seed: bytes | None = None) -> SigningKey:
     """The palace's signing key, minted and written (0600, first writer wins) when there
-    is none yet; the palace directory must exist."""
+    is none yet; the palace directory must exist. `seed` (32 bytes) mints that key instead
+    of a random one: the simulator's nodes, whose runs replay from the scenario's seed."""
     path = Path(palace) / KEY_FILENAME
     existing = read_signing_key(palace)
     if existing is not None:
         return existing
-    seed = bytes(SigningKey.generate())
+    if seed is not None and len(seed) != 32:
+        raise ValueError(f"an Ed25519 seed is 32 bytes, not {len(seed)}")
+    seed = bytes(SigningKey.generate()) if seed is None else seed
     try:
         write_exclusive(path, seed.hex() + "\n", mode=0o600)
     except OSError as exc:

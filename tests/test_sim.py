@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,11 @@ from click.testing import CliRunner
 
 from logsync.cli import cli
 from logsync.effects import ApplyPage
+from logsync.keyfile import read_signing_key
 from logsync.sim import parse_scenario, run_scenario
 from logsync.sim.driver import Driver
 from logsync.sim.node import SimNode
+from logsync.sim.runner import Simulation
 
 SMALL = """
 name = "small"
@@ -57,6 +60,35 @@ def test_one_seed_replays_byte_for_byte_and_seeds_differ() -> None:
     assert first.trace_hash == again.trace_hash
     assert first.trace_lines == again.trace_lines and first.events == again.events
     assert other.trace_hash != first.trace_hash
+
+
+def signed_chains(workdir: Path, seed: int) -> dict[str, list[tuple[str, int, str]]]:
+    """Each node's public key and every signature its chain holds, after one run."""
+    Simulation(small(seed=seed), workdir).run()
+    out = {}
+    for palace in sorted(p for p in workdir.iterdir() if (p / "logstream.sqlite3").exists()):
+        key = read_signing_key(palace)
+        assert key is not None
+        conn = sqlite3.connect(palace / "logstream.sqlite3")
+        try:
+            rows = conn.execute("SELECT origin, origin_seq, hex(signature) FROM logsync_chain "
+                                "WHERE signature IS NOT NULL ORDER BY 1, 2").fetchall()
+        finally:
+            conn.close()
+        out[palace.name] = [("key", 0, bytes(key.verify_key).hex()), *rows]
+    return out
+
+
+def test_signing_keys_and_signatures_replay_from_the_seed(tmp_path: Path) -> None:
+    """A node's key comes from the run's seed, not the OS: the same seed signs the same
+    chains with the same keys, another seed gives other keys."""
+    first, again, other = (signed_chains(tmp_path / name, seed)
+                           for name, seed in (("a", 7), ("b", 7), ("c", 8)))
+    assert len(first) == 4 and all(len(rows) > 1 for rows in first.values())
+    assert first == again
+    keys = {name: rows[0] for name, rows in first.items()}
+    assert len(set(keys.values())) == 4  # one key per node
+    assert not set(keys.values()) & {rows[0] for rows in other.values()}
 
 
 def test_the_trace_does_not_depend_on_the_process(tmp_path: Path) -> None:

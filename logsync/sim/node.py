@@ -23,6 +23,7 @@ began (`compared`, noted by the driver).
 from __future__ import annotations
 
 import bisect
+import hashlib
 import random
 import shutil
 from collections import deque
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 
 from logsync import hlc as hlc_mod
 from logsync.holders import Holders
+from logsync.keyfile import load_or_mint_signing_key
 from logsync.sim.clock import NodeClock, VirtualClock
 from logsync.sim.trace import Trace
 from logsync.store import Store
@@ -50,6 +52,12 @@ class Ask:
     correlation_id: str | None
     stream: str
     room: str
+
+
+def node_key_seed(seed: int, name: str) -> bytes:
+    """The seed of node `name`'s signing key in a run of scenario seed `seed`: drawn from
+    neither the run's `rng` (adding a draw would shift every trace) nor the OS."""
+    return hashlib.sha256(f"logsync-sim-signing-key\0{seed}\0{name}".encode()).digest()
 
 
 class NodeDriver(Protocol):
@@ -81,8 +89,9 @@ class NodeHost(Protocol):
 
 class SimNode:
     def __init__(self, sim: NodeHost, name: str, replica_id: str, directory: Path,
-                 skew_ms: int, logsync: bool, agents: list[str]) -> None:
+                 skew_ms: int, logsync: bool, agents: list[str], key_seed: bytes) -> None:
         self.sim = sim
+        self.key_seed = key_seed  # its signing key's seed: a run replays from its own seed
         self.name = name
         self.replica_id = replica_id
         self.dir = directory
@@ -122,7 +131,11 @@ class SimNode:
         return f"{prefix}_{moment:%Y%m%dT%H%M%S}_{self.sim.rng.getrandbits(48):012x}"
 
     def open(self) -> None:
-        """Start (or restart) the node: open its store, rebuild mirrors, start pulling."""
+        """Start (or restart) the node: open its store, rebuild mirrors, start pulling.
+        A palace without a key gets the node's seeded one (`Store.open` would mint a
+        random key, and signatures and certified ids would differ between replays)."""
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        load_or_mint_signing_key(self.dir, self.key_seed)
         self.store = Store.open(self.dir, wall_ms=self.clock.wall_ms, new_id=self.new_id,
                                 replica_id=self.replica_id)
         self.up = True

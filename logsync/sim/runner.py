@@ -31,7 +31,7 @@ from logsync.sim import checks, faults, forks, workload
 from logsync.sim.clock import VirtualClock, to_s, to_us
 from logsync.sim.driver import Driver
 from logsync.sim.network import Cut, Message, Network
-from logsync.sim.node import SimNode
+from logsync.sim.node import SimNode, node_key_seed
 from logsync.sim.report import SimReport, percentile
 from logsync.sim.scratch import claimed_dir, remove_abandoned, scratch_base
 from logsync.sim.serve import Sizer, serve, tamper
@@ -137,7 +137,8 @@ class Simulation:
             if name not in skews and s.skew_max:
                 skew = self.rng.uniform(-s.skew_max, s.skew_max)
             nodes[name] = SimNode(self, name, rid, workdir / name, int(round(skew * 1000)),
-                                  name not in s.upstream, workload.agent_names(name, s.agents))
+                                  name not in s.upstream, workload.agent_names(name, s.agents),
+                                  node_key_seed(s.seed, name))
             self.trace.log("setup", f"node {name} replica={rid} skew_ms={int(round(skew * 1000))}"
                            f" {'logsync' if name not in s.upstream else 'upstream-hub'}")
         for a, b in build_edges(s, self.rng):
