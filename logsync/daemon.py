@@ -57,6 +57,7 @@ from logsync.server import create_app
 from logsync.server.commits import CommitWatch
 from logsync.server.limits import check_tls, listen_socket, uvicorn_limits
 from logsync.store import Store
+from logsync.store.ledgers import LedgerTops
 from logsync.watch import watch_stream
 
 log = logging.getLogger("logsync.daemon")
@@ -402,7 +403,7 @@ class Daemon:
         task.loop.failed(report, anyio.current_time(), hint)
 
     def _record(self, task: _PeerTask, state: PeerState, report: RoundReport, *,
-                full: bool, ledger_tops: tuple[int, int] | None = None) -> None:
+                full: bool, ledger_tops: LedgerTops | None = None) -> None:
         skipped_changed = full and report.skipped_origins != state.skipped_origins
         if full:
             state.record_success(report, time.time())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from logsync.engine import RoundReport
+from logsync.store.ledgers import LedgerTops
 
 log = logging.getLogger("logsync.daemon")
 
@@ -31,16 +32,16 @@ def log_failure(peer: str, exc: Exception, kind: str) -> None:
 
 class RoundLog:
     """The lines after a round that ended. A conflict seen again only bumps its
-    counter, so the ledger line is logged when the ledgers' newest row ids
+    counter, so the ledger line is logged when the ledgers' newest rows
     (`Store.ledger_tops`, read after the round) moved since this peer's last line: a fork
     a peer serves every round is logged once, and each peer that brought a new row says
     so."""
 
     def __init__(self) -> None:
-        self._logged_tops: dict[str, tuple[int, int]] = {}  # peer -> tops at its last line
+        self._logged_tops: dict[str, LedgerTops] = {}  # peer -> tops at its last line
 
     def ended(self, peer: str, report: RoundReport, *, skipped_changed: bool,
-              ledger_tops: tuple[int, int] | None = None) -> None:
+              ledger_tops: LedgerTops | None = None) -> None:
         if skipped_changed and report.skipped_line():
             log.warning("%s", named(peer, str(report.skipped_line())))
         if report.applied:
@@ -57,7 +58,7 @@ class RoundLog:
                         "conflicts` and `logsync quarantine`)", peer, report.conflicts,
                         report.quarantined)
 
-    def _moved(self, peer: str, tops: tuple[int, int] | None) -> bool:
+    def _moved(self, peer: str, tops: LedgerTops | None) -> bool:
         if tops is None:  # not read: say it rather than miss it
             return True
         before, self._logged_tops[peer] = self._logged_tops.get(peer), tops

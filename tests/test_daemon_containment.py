@@ -271,7 +271,7 @@ def test_a_store_fault_reading_the_ledgers_after_a_round_stays_in_the_loop(
         report.origins[origin] = OriginProgress(origin, 0, 1, 1, conflicts=1)
         return report
 
-    def fault() -> tuple[int, int]:
+    def fault() -> Any:
         raise StoreError("cannot read logstream.sqlite3: disk I/O error")
 
     monkeypatch.setattr(PeerClient, "run_round", conflicting)

@@ -359,3 +359,21 @@ def test_retry_keeps_prefixes_applies_only_valid_ops_and_all_it_can(
         before = ledger(store)
         again = store.retry_quarantine()
         assert again.total("applied") == 0 and ledger(store) == before
+
+
+def test_a_row_that_reuses_the_id_retry_freed_moves_the_ledger_tops(store: Store) -> None:
+    """SQLite gives a new row the id of a deleted newest one; the daemon logs its ledger
+    line when `ledger_tops` moves, so a row quarantined after a retry freed the newest id
+    must move it (the tops compared ids and did not)."""
+    origin, other = KIT.origin(7), KIT.origin(8)
+    art = KIT.artifact("content\n", art_id="art_needed")
+    store.apply_remote([KIT.op(origin, 1, artifact_ids=["art_needed"])])
+    (held,) = store.list_quarantine()
+    before = store.ledger_tops()
+    store.apply_remote([], [art])
+    assert store.retry_quarantine().total("applied") == 1
+    store.apply_remote([KIT.op(other, 1, artifact_ids=["art_other"])])
+    (again,) = store.list_quarantine()
+    assert again["id"] == held["id"]  # the id is re-used: the id alone cannot tell
+    assert store.ledger_tops() != before
+    assert store.ledger_tops()[0] == before[0]  # the conflicts ledger did not move

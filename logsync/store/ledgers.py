@@ -19,6 +19,8 @@ from logsync.errors import NotFoundError, ValidationError, shorten
 from logsync.ids import is_replica_id
 
 Row = tuple[Any, ...]
+# The newest row (id, recorded at, digest) of the conflicts and of the quarantine ledger
+LedgerTops = tuple[tuple[int, str, str], tuple[int, str, str]]
 
 # Every kind of conflict row logsync writes: the apply checks (`apply.APPLY_CHECKS` and
 # the artifact check) and the chain's records (`chainreads`: divergence, key_change).

@@ -22,7 +22,7 @@ from logsync.store.apply import REFUSED_OWN_TOP_SQL
 from logsync.store.audit import AuditReport, audit_store
 from logsync.store.chaining import VECTOR_SQL
 from logsync.store.faults import describe_fault
-from logsync.store.ledgers import check_origin, conflict_filter
+from logsync.store.ledgers import LedgerTops, check_origin, conflict_filter
 from logsync.store.rows import artifact_dict, chunks, event_dicts, ledger_dict
 from logsync.store.schema import FILTER_COLUMNS, REVIEWED_COLUMN
 
@@ -275,11 +275,17 @@ class Reads:
                 self._read(f"SELECT count(*) FROM logsync_conflicts{where}", params)[0][0])
         return out
 
-    def ledger_tops(self) -> tuple[int, int]:
-        """The newest row id of the conflict and quarantine ledgers: a row recorded again
-        only bumps its `times_seen`, so these move only when something new is recorded."""
-        return (int(self._read("SELECT coalesce(max(id), 0) FROM logsync_conflicts")[0][0]),
-                int(self._read("SELECT coalesce(max(id), 0) FROM logsync_quarantine")[0][0]))
+    def ledger_tops(self) -> LedgerTops:
+        """The newest row of the conflict and quarantine ledgers, as (id, time, digest): a
+        row recorded again only bumps its `times_seen`, so these move only when something
+        new is recorded. The id alone would not do: `quarantine retry` deletes rows, and
+        SQLite gives the next row the id of a deleted newest one."""
+        return (self._newest("logsync_conflicts", "detected_at"),
+                self._newest("logsync_quarantine", "received_at"))
+
+    def _newest(self, table: str, stamp: str) -> tuple[int, str, str]:
+        rows = self._read(f"SELECT id, {stamp}, digest FROM {table} ORDER BY id DESC LIMIT 1")
+        return (int(rows[0][0]), str(rows[0][1]), str(rows[0][2])) if rows else (0, "", "")
 
     def list_conflicts(
         self, limit: int = 100, *, origin: str | None = None, kind: str | None = None,
