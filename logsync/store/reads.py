@@ -378,6 +378,9 @@ def _order_clause(order: Any) -> str:
 
 
 def _clamp_limit(limit: Any) -> int:
+    """A listing's row count, at most `MAX_LIST_LIMIT`: the API's bound on one read. What
+    an operator types never reaches it unchecked: the CLI's `--limit` and the status
+    page's `limit` refuse a larger number in one sentence (`cli/_common.py`)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValidationError(f"limit={shorten(limit)} is invalid: must be a positive integer")
     return min(limit, MAX_LIST_LIMIT)
