@@ -39,7 +39,7 @@ class SimReport:
     source: str
     trace_hash: str
     trace_lines: int
-    scenario_digest: str  # `Scenario.digest`: what ran, seed and file path aside
+    scenario_digest: str  # `Scenario.digest`: what ran, its seed, names, path and description aside
     nodes: list[str]
     duration: float
     heal_at: float | None
