@@ -333,6 +333,27 @@ def test_other_client_errors_are_never_retried(status, error):
     assert len(calls) == 1
 
 
+# What a MemPalace 3.11 hub answers a request without the right token, and any unknown
+# route with 404 (its HTTP server's default page); only its artifact 404 is JSON.
+HUB_HTML_ERROR = (b'<!DOCTYPE HTML>\n<html lang="en">\n    <head>\n        <meta charset="utf-8">'
+                  b"\n        <title>Error response</title>\n    </head>\n    <body>\n        "
+                  b"<h1>Error response</h1>\n        <p>Error code: 401</p>\n        <p>Message: "
+                  b"Unauthorized.</p>\n    </body>\n</html>\n")
+
+
+@pytest.mark.parametrize(("status", "error"), [(401, PeerAuthError), (404, PeerRequestError)])
+def test_a_hubs_html_error_page_is_one_line_naming_the_status(status, error):
+    """The sentence of an error answer is read from JSON only: a hub's HTML page leaves
+    the line at what the status says, never a page of markup."""
+    handler, calls = answering(lambda r: httpx.Response(
+        status, content=HUB_HTML_ERROR, headers={"content-type": "text/html;charset=utf-8"}))
+    with pytest.raises(error) as caught:
+        fetch(handler, sleep=Sleeps())
+    text = str(caught.value)
+    assert f"answered {status}" in text and "<" not in text and "\n" not in text, text
+    assert len(calls) == 1
+
+
 def test_retry_after_accepts_seconds_and_http_dates():
     assert parse_retry_after(httpx.Headers({"Retry-After": "5"})) == 5.0
     date = httpx.Headers({"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})
