@@ -26,17 +26,10 @@ from logsync.errors import PeerProtocolError
 from logsync.fetchpolicy import PeerDeadlineError
 from logsync.peers import Peer
 from logsync.server import create_app
-from logsync.server.snapshotroute import accepts_zstd
-from logsync.snapshot import ZSTD_MAX_WINDOW
-from logsync.snapshot.download import (
-    INFLATE_CHUNK,
-    Receiver,
-    download_snapshot,
-    inflate,
-    open_client,
-)
+from logsync.snapshot.download import Receiver, download_snapshot, open_client
 from logsync.snapshot.joining import join_if_empty
 from logsync.store import Store
+from logsync.zstdcoding import INFLATE_CHUNK, ZSTD_MAX_WINDOW, accepts_zstd, inflate
 from tests.test_snapshot import (
     FakePeer,
     ThreadServer,
@@ -210,12 +203,12 @@ def test_a_server_never_compresses_past_the_joiner_window(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Level 1 uses a 512 KiB window; a higher level set by a maintainer would ask for up
     to 128 MiB, which every joiner refuses: the server caps it."""
-    import logsync.snapshot.making as making
+    import logsync.zstdcoding as coding
 
-    monkeypatch.setattr(making, "ZSTD_LEVEL", 22)
+    monkeypatch.setattr(coding, "ZSTD_LEVEL", 22)
     assert zstandard.ZstdCompressionParameters.from_level(
         22, source_size=10**9).window_log > ZSTD_MAX_WINDOW.bit_length() - 1
-    encoder = making.compressor(10**9).compressobj(size=10**9)
+    encoder = coding.compressor(10**9).compressobj(size=10**9)
     head = encoder.compress(b"x" * 1000) + encoder.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
     assert zstandard.get_frame_parameters(head).window_size == ZSTD_MAX_WINDOW
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, BinaryIO
@@ -29,6 +28,7 @@ from starlette.responses import Response, StreamingResponse
 from logsync.server.common import _error, _Server
 from logsync.snapshot import SHA256_HEADER, SIZE_HEADER, SNAPSHOT_TYPE, transfer_behind
 from logsync.snapshot.making import SnapshotCache, SnapshotFile
+from logsync.zstdcoding import accepts_zstd
 
 logger = logging.getLogger("logsync.server")
 
@@ -73,25 +73,6 @@ async def sync_snapshot(request: Request) -> Response:
         _body(handle, first, time.monotonic(), made.size / size if size else 1.0),
         media_type=SNAPSHOT_TYPE, headers=headers,
     )
-
-
-def accepts_zstd(accept_encoding: str) -> bool:
-    """Whether an `Accept-Encoding` value lists zstd with a q above 0 (RFC 9110 §12.5.3:
-    q is 0 to 1 with at most three decimals; a malformed q counts as a refusal)."""
-    for item in accept_encoding.lower().split(",")[:64]:
-        coding, *params = item.split(";")
-        if coding.strip() != "zstd":
-            continue
-        q = "1"
-        for param in params[:8]:
-            name, _, value = param.partition("=")
-            if name.strip() == "q":
-                q = value.strip()
-        return _QVALUE.fullmatch(q) is not None and float(q) > 0
-    return False
-
-
-_QVALUE = re.compile(r"0(\.[0-9]{0,3})?|1(\.0{0,3})?")
 
 
 async def warm(srv: _Server) -> None:

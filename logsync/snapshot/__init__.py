@@ -17,9 +17,6 @@ SNAPSHOT_TYPE = "application/vnd.logsync.snapshot"
 SHA256_HEADER = "X-Logsync-Snapshot-Sha256"
 SIZE_HEADER = "X-Logsync-Snapshot-Size"
 MAX_PREAMBLE_BYTES = 1024 * 1024  # one JSON line; a vector of 4096 origins is ~250 KB
-# The largest zstd window a joiner decodes (its memory for one download); a server
-# compresses within it. zstd's level 1 uses 512 KiB; its default decoder cap is 128 MiB.
-ZSTD_MAX_WINDOW = 8 * 1024 * 1024
 # Files in the palace directory: the server's cached copy and the joiner's download.
 SERVE_PREFIX = ".logsync-snapshot-serve-"
 JOIN_PREFIX = ".logsync-snapshot-join-"

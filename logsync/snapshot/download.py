@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import zstandard
 
 from logsync import __version__
 from logsync.answers import (
@@ -49,13 +48,12 @@ from logsync.snapshot import (
     SNAPSHOT_PATH,
     TRANSFER_BASE_S,
     TRANSFER_MIN_RATE,
-    ZSTD_MAX_WINDOW,
     transfer_behind,
 )
+from logsync.zstdcoding import INFLATE_CHUNK, inflate
 
 ERROR_BODY_BYTES = 64 * 1024  # of a non-200 answer, read for its message
 MAX_QUEUED = 8 * 1024 * 1024  # bytes received but not yet hashed and written
-INFLATE_CHUNK = 1024 * 1024  # decoded bytes handed on at a time
 # What a stream may take on the wire beyond the bytes it decodes to: a 1/128 share
 # (zstd's own bound is 1/256, and 3 bytes per 128 KiB block) and a fixed MiB.
 ENCODED_SLACK_DIVISOR = 128
@@ -120,39 +118,6 @@ def download_snapshot(http: httpx.Client, dest: Path, max_bytes: int, *, name: s
             return receiver.finish()
     except (httpx.HTTPError, httpx.StreamError) as exc:
         raise translate_transport(exc, where, name) from None
-
-
-def inflate(chunks: Iterator[bytes], where: str, peer: str) -> Iterator[bytes]:
-    """The zstd stream `chunks` decoded, at most `INFLATE_CHUNK` bytes at a time; a stream
-    that does not decode, or needs a window past `ZSTD_MAX_WINDOW`, is refused in one
-    sentence."""
-    decoder = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
-    reader = decoder.stream_reader(_ChunkReader(chunks), read_across_frames=True)
-    try:
-        while out := reader.read(INFLATE_CHUNK):
-            yield out
-    except zstandard.ZstdError as exc:
-        raise PeerProtocolError(f"{where}: its zstd stream does not decode ({exc})",
-                                peer=peer) from None
-
-
-class _ChunkReader:
-    """`read(size)` over an iterator of byte chunks (what zstd's stream reader pulls)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks, self._rest = chunks, b""
-
-    def read(self, size: int = -1) -> bytes:
-        while not self._rest:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return b""
-            self._rest = chunk
-        if 0 <= size < len(self._rest):
-            out, self._rest = self._rest[:size], self._rest[size:]
-            return out
-        out, self._rest = self._rest, b""
-        return out
 
 
 def _status_error(response: httpx.Response, where: str, peer: str) -> Exception:

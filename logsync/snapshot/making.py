@@ -37,13 +37,13 @@ import zstandard
 from logsync.keys import certifies
 from logsync.pagechain import CHECKPOINT
 from logsync.responder import json_bytes
-from logsync.snapshot import LOCAL_ONLY_TABLES, SERVE_PREFIX, SNAPSHOT_FORMAT, ZSTD_MAX_WINDOW
+from logsync.snapshot import LOCAL_ONLY_TABLES, SERVE_PREFIX, SNAPSHOT_FORMAT
 from logsync.store.faults import BUSY_TIMEOUT_S
+from logsync.zstdcoding import compressor
 
 logger = logging.getLogger("logsync.server")
 
 HASH_CHUNK = 1024 * 1024
-ZSTD_LEVEL = 1  # ~0.9 GB/s on one core; the copy's text still shrinks ~13x
 # A cached copy is served while the store holds at most this many ops more than it and
 # it is at most this old; past either, the next request makes a new one.
 STALE_OPS = 2000
@@ -227,16 +227,6 @@ def digest_and_compress(path: Path, *, head: Callable[[int, str], bytes] | None 
     except BaseException:
         packed.discard()
         raise
-
-
-def compressor(size: int) -> Any:
-    """A zstd compressor for one frame of `size` bytes, in a window a joiner accepts."""
-    params = zstandard.ZstdCompressionParameters.from_level(ZSTD_LEVEL, source_size=size)
-    cap = ZSTD_MAX_WINDOW.bit_length() - 1
-    if params.window_log > cap:
-        params = zstandard.ZstdCompressionParameters.from_level(
-            ZSTD_LEVEL, source_size=size, window_log=cap)
-    return zstandard.ZstdCompressor(compression_params=params)
 
 
 class _Packed:
