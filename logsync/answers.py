@@ -25,11 +25,14 @@ from logsync.errors import (
     PeerTransientError,
     shorten,
 )
+from logsync.zstdcoding import ZSTD, inflate_capped
 
 MSGPACK_TYPE = "application/msgpack"
 # We ask for answers as sent and read the raw bytes: a compressed answer would expand
-# past every byte bound before a check could see it (64 KiB of gzip holds 64 MB).
+# past every byte bound before a check could see it (64 KiB of gzip holds 64 MB). Pages
+# alone are asked for as zstd too, decoded here in bounded steps (`zstdcoding`).
 ACCEPT_ENCODING = {"Accept-Encoding": "identity"}
+ASK_ZSTD = "zstd, identity"
 
 
 def encoding_problem(headers: httpx.Headers, asked: tuple[str, ...] = ()) -> str | None:
@@ -58,9 +61,13 @@ _unpack = msgspec.msgpack.Decoder(
     ext_hook=lambda code, data: msgpack.ExtType(code, bytes(data))).decode
 
 
-def decode_answer(content_type: str, body: bytes | bytearray, where: str, peer: str) -> Any:
+def decode_answer(content_type: str, body: bytes | bytearray, where: str, peer: str,
+                  coding: str = "", most: int = 0) -> Any:
     """JSON or msgpack by content type, within bounds; anything undecodable is the peer's
-    fault. Runs in a worker thread."""
+    fault. A zstd-coded body (`coding`, asked for) is decoded first, refused past `most`
+    bytes. Runs in a worker thread."""
+    if coding == ZSTD:
+        body = inflate_capped(body, most, where, peer)
     ctype = content_type.split(";")[0].strip().lower()
     packed = ctype in (MSGPACK_TYPE, "application/x-msgpack")
     if ctype in ("application/json", "") or packed:

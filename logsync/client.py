@@ -36,6 +36,7 @@ import httpx
 from logsync import __version__
 from logsync.answers import (
     ACCEPT_ENCODING,
+    ASK_ZSTD,
     MSGPACK_TYPE,
     decode_answer,
     encoding_problem,
@@ -63,6 +64,7 @@ from logsync.peers import check_url, redact_url
 from logsync.prefetch import Prefetcher
 from logsync.push import PushReport, push_round
 from logsync.wire import Batch, Extensions, Request, Step
+from logsync.zstdcoding import ZSTD
 
 __all__ = ["MAX_RESPONSE_BYTES", "PeerClient", "PeerDeadlineError", "sync_once", "tls_context"]
 
@@ -339,6 +341,9 @@ class PeerClient:
         method = "GET" if request.body is None else "POST"
         where = f"peer {self.name}: {method} {request.path}"
         headers = {"Accept": MSGPACK_TYPE} if request.accept_msgpack else {}
+        coded = request.path == OPS_PATH and request.body is None  # pages: zstd if it may
+        if coded:
+            headers["Accept-Encoding"] = ASK_ZSTD
         if request.body is not None:
             headers["Content-Type"] = "application/json"
         try:
@@ -346,7 +351,7 @@ class PeerClient:
                 async with self._http.stream(method, request.path, params=request.params,
                                              headers=headers,
                                              content=request.body) as response:
-                    body = await self._read_capped(response, where)
+                    body = await self._read_capped(response, where, (ZSTD,) if coded else ())
         except TimeoutError:
             raise PeerDeadlineError(
                 f"{where} did not finish within {self.request_deadline:g} s", peer=self.name
@@ -359,15 +364,19 @@ class PeerClient:
                 return None, size
             self._check_status(response, body, where)
             ctype = response.headers.get("content-type", "")
-            answer = await anyio.to_thread.run_sync(decode_answer, ctype, body, where, self.name)
+            coding = response.headers.get("content-encoding", "").strip().lower()
+            answer = await anyio.to_thread.run_sync(decode_answer, ctype, body, where, self.name,
+                                                    coding, self.max_response_bytes)
         finally:
             # Free the bytes now: a refused answer's traceback keeps this frame (and the
             # buffer) alive until the cyclic collector runs, 60 MB at a time.
             body.clear()
         return answer, size
 
-    async def _read_capped(self, response: httpx.Response, where: str) -> bytearray:
-        """The body, refusing it as soon as it passes the cap (announced or streamed)."""
+    async def _read_capped(self, response: httpx.Response, where: str,
+                           asked: tuple[str, ...] = ()) -> bytearray:
+        """The body as sent, refusing it as soon as it passes the cap (announced or
+        streamed); a content coding other than those `asked` for is refused."""
         cap = self.max_response_bytes
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > cap:
@@ -375,7 +384,7 @@ class PeerClient:
                 f"{where} announced a {declared}-byte answer; the cap is {cap} bytes",
                 peer=self.name,
             )
-        problem = encoding_problem(response.headers)
+        problem = encoding_problem(response.headers, asked)
         if problem:
             raise PeerProtocolError(f"{where} {problem}", peer=self.name)
         body = bytearray()  # grown in place: no second copy at the end

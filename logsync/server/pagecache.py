@@ -38,17 +38,19 @@ ITEM_BYTES = 256
 
 REPLAYED = ("op_keys", "missing_artifacts", "chain_digests_at", "chain_signatures")
 Read = tuple[str, tuple[Any, ...], Any]  # (replay method, its arguments, the result)
-Key = tuple[str, tuple[tuple[str, str], ...]]  # (encoding asked, the query)
+Key = tuple[str, tuple[tuple[str, str], ...]]  # (encoding and coding asked, the query)
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One answer: its bytes, the encoding they are in, and the reads it was built from."""
+    """One answer: its bytes, the encoding they are in (and the content coding over it),
+    and the reads it was built from."""
 
     data: bytes
     encoding: str
     reads: tuple[Read, ...]
     size: int  # what it holds in memory, the key and the read log included (`held_bytes`)
+    coding: str = ""  # "" (identity) or "zstd"
 
 
 class ReadLog:
@@ -128,8 +130,10 @@ def replays(store: Any, reads: Iterable[Read]) -> bool:
     return True
 
 
-def page_key(encoding: str, params: Mapping[str, Any]) -> Key:
-    return encoding, tuple(sorted((str(k), str(v)) for k, v in params.items()))
+def page_key(encoding: str, params: Mapping[str, Any], coding: str = "") -> Key:
+    """A page's key: what was asked (a zstd-coded answer is kept apart from a plain one)."""
+    asked = f"{encoding}+{coding}" if coding else encoding
+    return asked, tuple(sorted((str(k), str(v)) for k, v in params.items()))
 
 
 class PageCache(BoundedLRU[Entry]):
@@ -149,11 +153,13 @@ class PageCache(BoundedLRU[Entry]):
         self.used(key, entry)
         return entry
 
-    def put(self, store: Any, key: Key, log: ReadLog, data: bytes, encoding: str) -> None:
+    def put(self, store: Any, key: Key, log: ReadLog, data: bytes, encoding: str,
+            coding: str = "") -> None:
         """Keep an answer built from `store` through `log` (if its reads replay)."""
         if log.replayable and all(hasattr(store, name) for name in REPLAYED):
             reads = tuple(log.reads)
-            self.keep(store, key, Entry(data, encoding, reads, held_bytes(key, data, reads)))
+            self.keep(store, key, Entry(data, encoding, reads, held_bytes(key, data, reads),
+                                        coding))
 
 
 def held_bytes(key: Key, data: bytes, reads: Sequence[Read]) -> int:
