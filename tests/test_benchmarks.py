@@ -75,6 +75,24 @@ def test_bootstrap_pulls_every_way_and_reports_ratios() -> None:
 @pytest.mark.slow
 @pytest.mark.interop
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_link_pulls_through_a_slow_link_and_coded_pages_cross_fewer_bytes() -> None:
+    result = run_benchmark("link", "--events", "600", "--patches", "15", "--repeat", "1",
+                           "--mbit", "50")
+    assert (result["events"], result["artifacts"]) == (600, 15)
+    runs = result["runs"]
+    assert set(runs) == {"a_zstd", "a_plain", "c_upstream"}
+    for key, run in runs.items():
+        assert positive(run["seconds"]) and run["link_bytes"] > 0, key
+    # the same replica pulled both ways; coded pages cross the link in fewer bytes
+    assert runs["a_zstd"]["link_bytes"] * 3 < runs["a_plain"]["link_bytes"]
+    assert all(positive(v) for v in result["ratios"].values())
+    text = rendered("link", result)
+    assert "plain/zstd" in text and "upstream/zstd" in text and "50 Mbit/s" in text
+
+
+@pytest.mark.slow
+@pytest.mark.interop
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_latency_reports_median_and_p99_for_each_topology() -> None:
     result = run_benchmark("latency", "--appends", "6", "--upstream-samples", "1")
     for key in ("daemon_to_daemon", "daemon_to_daemon_cli", "daemon_to_daemon_poll",

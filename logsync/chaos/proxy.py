@@ -11,7 +11,9 @@ to each chunk on the way:
   real partition heals;
 - ``loss`` (0..1): per chunk, the chance of a retransmission stall (0.2-1 s);
 - ``reset`` (0..1): per chunk, the chance the connection is cut (both sides aborted);
-- ``delay`` (seconds): latency added to every chunk.
+- ``delay`` (seconds): latency added to every chunk;
+- ``rate`` (bytes per second, 0: unlimited): the link's bandwidth, one medium shared by
+  both directions and every connection (a chunk waits for the bytes queued before it).
 
 ``rewrite_host`` makes a link rewrite the ``Host`` header of each request to the peer's
 own address: a loopback-bound daemon or hub pins ``Host`` to its bind address and port
@@ -106,6 +108,8 @@ class Link:
     loss: float = 0.0
     reset: float = 0.0
     delay: float = 0.0
+    rate: float = 0.0
+    free_at: float = 0.0  # the loop time at which the link has sent what is queued
     frozen: bool = False
     opened: asyncio.Event = field(default_factory=asyncio.Event)
     connections: int = 0
@@ -189,11 +193,14 @@ class ProxyHub:
         return link.port
 
     def set(self, name: str, *, frozen: bool | None = None, loss: float | None = None,
-            reset: float | None = None, delay: float | None = None) -> None:
-        self._call(self._set(self.links[name], frozen, loss, reset, delay))
+            reset: float | None = None, delay: float | None = None,
+            rate: float | None = None) -> None:
+        self._call(self._set(self.links[name], frozen, loss, reset, delay, rate))
 
     async def _set(self, link: Link, frozen: bool | None, loss: float | None,
-                   reset: float | None, delay: float | None) -> None:
+                   reset: float | None, delay: float | None, rate: float | None) -> None:
+        if rate is not None:
+            link.rate = rate
         if loss is not None:
             link.loss = loss
         if reset is not None:
@@ -205,7 +212,7 @@ class ProxyHub:
             (link.opened.clear if frozen else link.opened.set)()
 
     def clear(self, name: str) -> None:
-        self.set(name, frozen=False, loss=0.0, reset=0.0, delay=0.0)
+        self.set(name, frozen=False, loss=0.0, reset=0.0, delay=0.0, rate=0.0)
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {name: {"connections": link.connections, "resets": link.resets,
@@ -269,6 +276,10 @@ class ProxyHub:
                 link.resets += 1
                 await link.opened.wait()
                 raise _Reset
+            if link.rate:
+                now = asyncio.get_running_loop().time()
+                link.free_at = max(now, link.free_at) + len(data) / link.rate
+                await asyncio.sleep(link.free_at - now)
             await link.opened.wait()
             if rewriter is not None:
                 data = rewriter.feed(data)

@@ -36,11 +36,14 @@ def test_a_chunked_request_body_passes_unchanged() -> None:
         b"5\r\nHost:\r\n0\r\n\r\n")
 
 
+BIG = 256 * 1024
+
+
 class _Echo(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        body = (self.headers.get("Host") or "").encode()
+        body = bytes(BIG) if self.path == "/big" else (self.headers.get("Host") or "").encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -98,3 +101,17 @@ def test_a_resetting_link_cuts_connections_until_cleared(link) -> None:
     hub.clear("a>b")
     hub.set("a>b", delay=0.05, loss=0.0)
     assert httpx.get(url, timeout=5, trust_env=False).status_code == 200
+
+
+def test_a_rate_limited_link_takes_its_bytes_time_and_clearing_lifts_it(link) -> None:
+    """Two answers of 256 KiB over 1 MB/s, one medium: at least 0.5 s, whatever the load
+    (a lower bound only); the bytes are counted."""
+    hub, url, _ = link
+    hub.set("a>b", rate=1e6)
+    with httpx.Client(trust_env=False, timeout=10) as client:
+        began = time.monotonic()
+        sizes = [len(client.get(url + "/big").content) for _ in range(2)]
+        assert time.monotonic() - began >= 2 * BIG / 1e6 * 0.95
+        assert sizes == [BIG, BIG] and hub.stats()["a>b"]["bytes"] >= 2 * BIG
+        hub.clear("a>b")
+        assert hub.links["a>b"].rate == 0 and len(client.get(url + "/big").content) == BIG
