@@ -17,6 +17,7 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
+import anyio.lowlevel
 import httpx
 
 from logsync import __version__
@@ -37,6 +38,11 @@ log = logging.getLogger("logsync.watch")
 READ_TIMEOUT_S = 45.0  # upstream pings every 15 s; three missed pings = dead stream
 # One SSE line: a frame's data line is one event (≤256 KiB body, ≤64 KiB metadata, routing).
 MAX_LINE_BYTES = 1024 * 1024
+# Reads one line may come in: a 1 MiB line of a well-behaved peer takes a few dozen (a
+# read is up to 64 KiB; segments of a slow path 1.4 KiB: ~750); a line dripped in more
+# is refused, so a peer cannot make us spend a read's overhead per byte.
+MAX_LINE_PIECES = 4096
+YIELD_EVERY = 64  # reads between two turns given back to the event loop
 MAX_PAGES_TAKEN_TOGETHER = 64  # page frames one `on_page` call (one transaction) takes
 # ... and their JSON at most (plus the frame that passes it): decoded, a page's ops take
 # some 20x their bytes, so the bound is in bytes too, not only in what one read brings
@@ -175,24 +181,46 @@ async def bounded_lines(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterat
             yield line
 
 
-async def line_batches(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[list[bytes]]:
-    """The lines (CR, LF or CRLF ended) each read of a byte stream completes; memory
-    stays within `limit` bytes a line, whatever the peer sends (httpx's own line
-    iterator buffers a line of any size)."""
-    pending = b""
+async def line_batches(chunks: AsyncIterator[bytes], limit: int,
+                       pieces: int = MAX_LINE_PIECES) -> AsyncIterator[list[bytes]]:
+    """The lines (CR, LF or CRLF ended) each read of a byte stream completes. Bounded
+    whatever the peer sends: memory within `limit` bytes a line (httpx's own line
+    iterator buffers a line of any size), work linear in the bytes (only the new read is
+    scanned; the unfinished line grows in place), a line in at most `pieces` reads, and
+    the event loop given back every `YIELD_EVERY` reads (a peer dripping one byte a
+    chunk cost whole seconds of a frozen loop a line)."""
+    pending = bytearray()
+    parts = 0  # reads the unfinished line came in
+    after_cr = False  # the last read ended with CR: a LF first in this one ends nothing
+    reads = 0
     async for chunk in chunks:
-        data, held = pending + chunk, b""
-        if data.endswith(b"\r"):  # maybe the first half of a CRLF split across chunks
-            data, held = data[:-1], b"\r"
-        *lines, rest = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
-        pending = rest + held
+        reads += 1
+        if reads % YIELD_EVERY == 0:
+            await anyio.lowlevel.checkpoint()
+        if after_cr and chunk:
+            after_cr = False
+            if chunk[:1] == b"\n":  # the rest of a CRLF whose CR ended the last read
+                chunk = chunk[1:]
+        if not chunk:
+            continue
+        after_cr = chunk.endswith(b"\r")
+        *ends, rest = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        if not ends:  # no line ends here: the unfinished line grows
+            pending += rest
+            parts += 1
+            if len(pending) > limit:
+                raise LineTooLong(f"more than {limit} bytes without a line end")
+            if parts > pieces:
+                raise LineTooLong(f"a line still unfinished after {pieces} reads")
+            continue
+        lines = [bytes(pending) + ends[0] if pending else ends[0], *ends[1:]]
+        pending, parts = bytearray(rest), 1 if rest else 0
         long = next((i for i, line in enumerate(lines) if len(line) > limit), None)
         if long is not None:  # the frames before it still count; the connection ends
             if long:
                 yield lines[:long]
             raise LineTooLong(f"a line of {len(lines[long])} bytes; the limit is {limit}")
-        if lines:
-            yield lines
+        yield lines
         if len(pending) > limit:
             raise LineTooLong(f"more than {limit} bytes without a line end")
 

@@ -22,8 +22,11 @@ class Stream:
 
     kinds: `drip` (declared `length`, one byte of `fill` every `interval` s),
     `bytes` (`length` bytes: `prefix` then `fill` repeated, in `chunk`-byte writes,
-    then `suffix`), `reset` (close with RST before any answer), `sse` (`frames`, and
-    any the scene adds later, then pings every `interval` s until the client leaves).
+    then `suffix`), `chunked` (the same bytes as HTTP/1.1 chunks of `chunk` bytes each,
+    written 64 KiB of the wire at a time: one read of the client's HTTP parser yields
+    each chunk on its own), `reset` (close with RST before any answer), `sse`
+    (`frames`, and any the scene adds later, then pings every `interval` s until the
+    client leaves).
     """
 
     kind: str

@@ -239,6 +239,20 @@ def sse_no_newline_mode(scene: Scene, path: str, params: dict[str, Any],
     return honest
 
 
+SSE_DRIP_LINE_BYTES = 1024 * 1024
+
+
+def sse_drip_chunks_mode(scene: Scene, path: str, params: dict[str, Any],
+                         honest: Answer) -> Answer:
+    """A page frame's data line of 1 MiB, in one-byte HTTP chunks sent 64 KiB of the
+    wire at a time: each chunk is one read of the victim's parser (review, 2026-12-03:
+    the line's reassembly was quadratic in its reads and froze the victim's loop)."""
+    if path == "/logstream/stream":
+        return Answer(200, SSE, Stream("chunked", length=SSE_DRIP_LINE_BYTES, chunk=1,
+                                       prefix=b"event: logsync-page\ndata: ", fill=b"x"))
+    return honest
+
+
 DRIP_INTERVAL_S = 20.0
 
 
@@ -382,6 +396,7 @@ MODES: dict[str, Callable[[Scene, str, dict[str, Any], Answer], Answer]] = {
     "bad_page_seq": bad_page_seq_mode,
     "endless_pages": endless_mode,
     "sse_no_newline": sse_no_newline_mode,
+    "sse_drip_chunks": sse_drip_chunks_mode,
     "drip": drip_mode,
     "sse_far_origin": sse_far_origin_mode,
     "msgpack_bomb": msgpack_bomb_mode,
@@ -408,6 +423,7 @@ SETUP: dict[str, Callable[[Scene], None]] = {
 FINDINGS: dict[str, tuple[int, ...]] = {
     "seq_overflow": (1,), "deep_metadata": (2,), "trailing_newline_origin": (6,),
     "huge_page": (7,), "bad_page_seq": (8,), "endless_pages": (9,), "sse_no_newline": (10,),
+    "sse_drip_chunks": (10,),
     "drip": (10,), "sse_far_origin": (10,), "msgpack_bomb": (11,), "json_bomb": (11,),
     "forged_own_far_future": (12, 14), "numeric_fork": (13,),
 }

@@ -124,10 +124,13 @@ class HostileServer:
         self.bytes_sent += len(data)
         return True
 
-    def _head(self, writer: asyncio.StreamWriter, answer: Answer, length: int | None) -> None:
+    def _head(self, writer: asyncio.StreamWriter, answer: Answer, length: int | None,
+              chunked: bool = False) -> None:
         lines = [f"HTTP/1.1 {answer.status} {_reason(answer.status)}"]
         lines += [f"{k}: {v}" for k, v in answer.headers]
-        if length is None:
+        if chunked:
+            lines.append("transfer-encoding: chunked")
+        elif length is None:
             lines.append("connection: close")
         else:
             lines.append(f"content-length: {length}")
@@ -152,6 +155,10 @@ class HostileServer:
             self._head(writer, answer, spec.length)
             await self._write_bytes(writer, spec)
             return True
+        if spec.kind == "chunked":
+            self._head(writer, answer, None, chunked=True)
+            await self._write_chunked(writer, spec)
+            return False
         if spec.kind == "sse":
             return await self._sse(writer, answer, spec)
         raise AssertionError(f"unknown stream kind {spec.kind!r}")
@@ -171,6 +178,25 @@ class HostileServer:
             await writer.drain()
             await asyncio.sleep(0.2)
             idle += 0.2
+
+    async def _write_chunked(self, writer: asyncio.StreamWriter, spec: Stream) -> None:
+        """`prefix`, then `fill` up to `length`, as HTTP chunks of `spec.chunk` bytes."""
+        def framed(data: bytes) -> bytes:
+            return b"".join(b"%x\r\n%s\r\n" % (len(data[i:i + spec.chunk]),
+                                                 data[i:i + spec.chunk])
+                            for i in range(0, len(data), spec.chunk))
+        writer.write(framed(spec.prefix))
+        left = spec.length - len(spec.prefix)
+        batch = max(1, 65536 // (spec.chunk + 8)) * spec.chunk  # payload per 64 KiB write
+        unit = framed((spec.fill * (batch // len(spec.fill) + 1))[:batch])
+        while left > 0:
+            piece = unit if left >= batch else framed((spec.fill * left)[:left])
+            writer.write(piece)
+            left -= min(left, batch)
+            self.bytes_sent += len(piece)
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
 
     async def _write_bytes(self, writer: asyncio.StreamWriter, spec: Stream) -> None:
         writer.write(spec.prefix)

@@ -357,6 +357,19 @@ def test_sse_line_without_newline_is_cut(tmp_path: Path) -> None:
     exercise(case, tmp_path, prepare=lambda s: s.extra.update(settled=settled))
 
 
+def test_sse_line_dripped_in_one_byte_chunks_is_cut_without_freezing_the_victim(
+        tmp_path: Path) -> None:
+    """Review 2026-12-03: a 1 MiB stream line in one-byte HTTP chunks, written 64 KiB of
+    the wire at a time, pinned the victim's loop (each read re-scanned the line so far):
+    `/healthz` went silent for minutes and the honest peers' ops stopped arriving. The
+    line is refused after `watch.MAX_LINE_PIECES` reads; the loop stays responsive."""
+    def settled(state: Run) -> bool:
+        return len(state.hostile.seen("/logstream/stream")) >= 2
+
+    case = Case("sse_drip_chunks", (10,), sync="ok", settle=20.0)
+    exercise(case, tmp_path, prepare=lambda s: s.extra.update(settled=settled))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_dripping_ops_answer_hits_the_deadline(tmp_path: Path) -> None:
