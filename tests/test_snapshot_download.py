@@ -54,6 +54,22 @@ def test_the_file_arrives_whole_and_in_order_through_a_slow_disk(
     assert preamble["size"] == len(data) and dest.read_bytes() == data
 
 
+@pytest.mark.timeout(60)
+def test_a_preamble_dripped_a_byte_a_read_is_parsed_and_bounded_in_linear_work(
+        tmp_path: Path) -> None:
+    """Each read's bytes are searched once: the preamble so far was copied and searched
+    again at every read (a peer dripping 1 MiB of it a byte a read: half a TB of
+    copying). A byte-a-read preamble still parses; the 1 MiB one is refused."""
+    data = b"snapshot bytes"
+    preamble = receive(_wire(data), 1, tmp_path / "a")
+    assert preamble["size"] == len(data) and (tmp_path / "a").read_bytes() == data
+    receiver = Receiver(tmp_path / "b", 10**9, "GET", "p", 60.0)
+    with pytest.raises(PeerProtocolError, match="preamble is longer than"), receiver:
+        receiver.feed(b'{"format": "')
+        for _ in range(download.MAX_PREAMBLE_BYTES):
+            receiver.feed(b"x")
+
+
 def test_more_or_fewer_bytes_than_announced_are_refused(tmp_path: Path) -> None:
     wire = _wire(b"z" * 5000)
     with pytest.raises(PeerProtocolError, match="sent more than the 5000 bytes"):

@@ -201,16 +201,17 @@ class Receiver:
     def feed(self, chunk: bytes) -> None:
         self.check_deadline()
         if self.preamble is None:
-            self._head += chunk
-            line, found, rest = bytes(self._head).partition(b"\n")
-            if not found:
+            scanned = len(self._head)  # only the new bytes are searched: a preamble
+            self._head += chunk        # dripped a byte a read stays linear
+            end = self._head.find(b"\n", scanned)
+            if end < 0:
                 if len(self._head) > MAX_PREAMBLE_BYTES:
                     raise PeerProtocolError(f"{self.where}: the preamble is longer than "
                                             f"{MAX_PREAMBLE_BYTES} bytes", peer=self.peer)
                 return
+            line, chunk = bytes(self._head[:end]), bytes(self._head[end + 1:])
             self.preamble = parse_preamble(line, self.max_bytes, self.where, self.peer)
             check_room(self.dest.parent, self.preamble["size"])
-            chunk = rest
         self.written += len(chunk)
         if self.written > self.preamble["size"]:
             raise PeerProtocolError(f"{self.where} sent more than the "
