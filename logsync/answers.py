@@ -9,7 +9,10 @@ from __future__ import annotations
 import email.utils
 import json
 import ssl
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -62,12 +65,14 @@ _unpack = msgspec.msgpack.Decoder(
 
 
 def decode_answer(content_type: str, body: bytes | bytearray, where: str, peer: str,
-                  coding: str = "", most: int = 0) -> Any:
+                  coding: str = "", most: int = 0,
+                  take: Callable[[int], None] | None = None) -> Any:
     """JSON or msgpack by content type, within bounds; anything undecodable is the peer's
     fault. A zstd-coded body (`coding`, asked for) is decoded first, refused past `most`
-    bytes. Runs in a worker thread."""
+    bytes and, through `take`, past what all answers in flight may hold together. Runs in
+    a worker thread."""
     if coding == ZSTD:
-        body = inflate_capped(body, most, where, peer)
+        body = inflate_capped(body, most, where, peer, take)
     ctype = content_type.split(";")[0].strip().lower()
     packed = ctype in (MSGPACK_TYPE, "application/x-msgpack")
     if ctype in ("application/json", "") or packed:
@@ -99,6 +104,38 @@ _MSGPACK_CONTAINER_BYTES = frozenset((*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF
 # every other byte value: `translate` deletes these and keeps the markers, one pass in C
 _NOT_MSGPACK_CONTAINER = bytes(b for b in range(256) if b not in _MSGPACK_CONTAINER_BYTES)
 _COUNT_CHUNK = 1 << 20  # the kept markers of one chunk are the only copy: at most 1 MiB
+
+
+class InFlight:
+    """Bytes one client's answers hold right now, read off the wire or decoded from zstd,
+    within `most` together: shared by the event loop (reading) and worker threads
+    (decoding), so memory never scales with how many answers are in flight."""
+
+    def __init__(self, most: int) -> None:
+        self.most, self.held = most, 0
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def lease(self, where: str, peer: str) -> Iterator[Callable[[int], None]]:
+        """A `take(n)` that holds `n` more bytes or raises `PeerTooLargeError` (the engine
+        then asks for a smaller page); all it took is given back when the block ends."""
+        taken = 0
+
+        def take(n: int) -> None:
+            nonlocal taken
+            with self._lock:
+                if self.held + n > self.most:
+                    raise PeerTooLargeError(
+                        f"{where}: answers in flight passed {self.most} bytes together",
+                        peer=peer)
+                self.held += n
+                taken += n
+
+        try:
+            yield take
+        finally:
+            with self._lock:
+                self.held -= taken
 
 
 def count_containers(body: bytes | bytearray, packed: bool) -> int:

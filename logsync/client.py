@@ -38,6 +38,7 @@ from logsync.answers import (
     ACCEPT_ENCODING,
     ASK_ZSTD,
     MSGPACK_TYPE,
+    InFlight,
     decode_answer,
     encoding_problem,
     error_text,
@@ -113,7 +114,8 @@ class PeerClient:
                                   max_retry_after=max_retry_after, concurrency=concurrency)
         self.request_deadline = request_deadline
         self.round_deadline = round_deadline
-        self._buffered = 0  # bytes held by answers being read right now
+        # bytes held by answers being read, or decoded from zstd, right now
+        self._in_flight = InFlight(max(max_response_bytes, MAX_BUFFERED_BYTES))
         self._limiter = anyio.CapacityLimiter(self.policy.batch_concurrency(upstream=False))
         self._upstream_limiter = anyio.CapacityLimiter(self.policy.batch_concurrency(upstream=True))
         self._sleep = sleep or anyio.sleep
@@ -365,8 +367,10 @@ class PeerClient:
             self._check_status(response, body, where)
             ctype = response.headers.get("content-type", "")
             coding = response.headers.get("content-encoding", "").strip().lower()
-            answer = await anyio.to_thread.run_sync(decode_answer, ctype, body, where, self.name,
-                                                    coding, self.max_response_bytes)
+            with self._in_flight.lease(where, self.name) as take:  # what zstd decodes to
+                answer = await anyio.to_thread.run_sync(decode_answer, ctype, body, where,
+                                                        self.name, coding,
+                                                        self.max_response_bytes, take)
         finally:
             # Free the bytes now: a refused answer's traceback keeps this frame (and the
             # buffer) alive until the cyclic collector runs, 60 MB at a time.
@@ -388,24 +392,18 @@ class PeerClient:
         if problem:
             raise PeerProtocolError(f"{where} {problem}", peer=self.name)
         body = bytearray()  # grown in place: no second copy at the end
-        shared = max(cap, MAX_BUFFERED_BYTES)
-        try:
-            async for chunk in _raw_chunks(response):  # as sent: never expanded unbounded
-                if len(body) + len(chunk) > cap:
-                    raise PeerTooLargeError(
-                        f"{where} sent an answer larger than the {cap}-byte cap", peer=self.name
-                    )
-                if self._buffered + len(chunk) > shared:
-                    raise PeerTooLargeError(
-                        f"{where}: answers in flight passed {shared} bytes together",
-                        peer=self.name)
-                self._buffered += len(chunk)
-                body += chunk
-        except BaseException:
-            self._buffered -= len(body)
-            body.clear()
-            raise
-        self._buffered -= len(body)
+        with self._in_flight.lease(where, self.name) as take:
+            try:
+                async for chunk in _raw_chunks(response):  # as sent: never expanded unbounded
+                    if len(body) + len(chunk) > cap:
+                        raise PeerTooLargeError(
+                            f"{where} sent an answer larger than the {cap}-byte cap",
+                            peer=self.name)
+                    take(len(chunk))
+                    body += chunk
+            except BaseException:
+                body.clear()
+                raise
         return body
 
     def _check_status(self, response: httpx.Response, body: bytes, where: str) -> None:

@@ -11,7 +11,7 @@ refused at the receiver's bound, never allocated.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zstandard
@@ -43,6 +43,12 @@ def accepts_zstd(accept_encoding: str) -> bool:
     return False
 
 
+def request_accepts_zstd(headers: Any) -> bool:
+    """`accepts_zstd` over every `Accept-Encoding` line of a request (Starlette's
+    `Headers`): several lines are one list joined by commas (RFC 9110 §5.3)."""
+    return accepts_zstd(",".join(headers.getlist("accept-encoding")))
+
+
 def compressor(size: int) -> Any:
     """A zstd compressor for one frame of `size` bytes, in a window a receiver accepts."""
     params = zstandard.ZstdCompressionParameters.from_level(ZSTD_LEVEL, source_size=size)
@@ -72,9 +78,11 @@ def inflate(chunks: Iterator[bytes], where: str, peer: str) -> Iterator[bytes]:
                                 peer=peer) from None
 
 
-def inflate_capped(body: bytes | bytearray, most: int, where: str, peer: str) -> bytearray:
+def inflate_capped(body: bytes | bytearray, most: int, where: str, peer: str,
+                   take: Callable[[int], None] | None = None) -> bytearray:
     """A whole zstd-coded answer decoded; one that decodes past `most` bytes is refused as
-    too large as soon as it passes them (the engine then asks for a smaller page)."""
+    too large as soon as it passes them (the engine then asks for a smaller page), and so
+    is one whose `take(n)` (a shared bound on bytes held) raises."""
     out = bytearray()
     # a copy: views of a bytearray would stop its owner from clearing it after a refusal
     for chunk in inflate(iter((bytes(body),)), where, peer):
@@ -82,8 +90,21 @@ def inflate_capped(body: bytes | bytearray, most: int, where: str, peer: str) ->
             raise PeerTooLargeError(
                 f"{where} sent a zstd answer that decodes past the {most}-byte cap",
                 peer=peer)
+        if take is not None:
+            take(len(chunk))
         out += chunk
+    if len(out) < _first_frame_size(body):  # the decoder ends a cut stream silently
+        raise PeerProtocolError(f"{where}: its zstd stream ends inside a frame", peer=peer)
     return out
+
+
+def _first_frame_size(body: bytes | bytearray) -> int:
+    """What the first frame's header announces it decodes to; -1 when it does not say
+    (a truncation past the first frame is found by the decoding of what it held)."""
+    try:
+        return int(zstandard.frame_content_size(bytes(body[:18])))  # a header's most
+    except zstandard.ZstdError:
+        return -1
 
 
 class _ChunkReader:

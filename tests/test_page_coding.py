@@ -161,15 +161,18 @@ def test_a_frame_announcing_300_mb_is_refused_without_allocating_it(tmp_path: Pa
     a chunk at a time. Measured in a child process: its peak RSS stays far below 300 MB."""
     bomb = tmp_path / "bomb.zst"
     bomb.write_bytes(_bomb(300 << 20))
+    # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child of a grown
+    # pytest would report the parent's peak
     code = textwrap.dedent(f"""
-        import resource
         from pathlib import Path
         from logsync.errors import PeerTooLargeError
         from logsync.zstdcoding import inflate_capped
         try:
             inflate_capped(Path({str(bomb)!r}).read_bytes(), 8 << 20, "GET", "p")
         except PeerTooLargeError:
-            print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+            status = Path("/proc/self/status").read_text()
+            print(next(int(line.split()[1]) for line in status.splitlines()
+                       if line.startswith("VmHWM:")) // 1024)
     """)
     peak_mib = int(subprocess.run([sys.executable, "-c", code], capture_output=True,
                                   text=True, timeout=60, check=True).stdout)
@@ -198,3 +201,81 @@ def test_a_peer_that_ignores_accept_encoding_is_pulled_as_before(tmp_path: Path)
     assert pages and all(c.headers["accept-encoding"] == "zstd, identity" for c in pages)
     vectors = [c for c in peer.calls if c.url.path == "/sync/version_vector"]
     assert vectors and all(c.headers["accept-encoding"] == "identity" for c in vectors)
+
+
+def _json_page(size: int) -> bytes:
+    """A zstd frame of a JSON page that decodes to about `size` bytes."""
+    body = b'{"origin": "rep_' + b"a" * 32 + b'", "events": [], "count": 0, "pad": "'
+    return zstandard.ZstdCompressor(level=1).compress(body + b"x" * size + b'"}')
+
+
+def test_decoded_bytes_count_against_what_answers_in_flight_may_hold() -> None:
+    """Review 2026-12-03: eight 2 KB coded answers decoding to 60 MB each passed a bound
+    eight plain ones could not (only wire bytes were counted): 760 MiB held. What zstd
+    decodes to is held under the client's one bound on answers in flight."""
+    from logsync.answers import InFlight
+
+    frame = _json_page(20 << 20)
+    shared = InFlight(30 << 20)
+    with shared.lease("GET a", "p") as first:
+        inflate_capped(frame, 64 << 20, "GET a", "p", first)  # holds ~20 MiB
+        with pytest.raises(PeerTooLargeError, match="answers in flight passed 31457280 bytes"), \
+                shared.lease("GET b", "p") as second:
+            inflate_capped(frame, 64 << 20, "GET b", "p", second)
+        assert shared.held > 20 << 20  # the refused one gave back what it took
+    assert shared.held == 0
+    with shared.lease("GET b", "p") as second:
+        assert len(inflate_capped(frame, 64 << 20, "GET b", "p", second)) > 20 << 20
+
+
+def test_the_client_holds_a_coded_answers_decoded_bytes_under_its_bound() -> None:
+    page = _json_page(8 << 20)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=httpx.ByteStream(page), headers={
+            "content-type": "application/json", "content-encoding": "zstd"})
+
+    async def fetch(others_hold: int) -> Any:
+        from logsync.wire import Request
+
+        async with PeerClient(BASE, TOKEN, transport=httpx.MockTransport(handler),
+                              attempts=1) as client:
+            with client._in_flight.lease("others", "p") as take:  # answers being read
+                take(client._in_flight.most - others_hold)
+                answer, size = await client.fetch(Request("/sync/ops", {"origin": "x"}))
+            assert client._in_flight.held == 0
+            return answer, size
+
+    answer, size = anyio.run(fetch, 16 << 20)
+    assert len(answer["pad"]) == 8 << 20 and size == len(page)
+    with pytest.raises(PeerTooLargeError, match="answers in flight passed"):
+        anyio.run(fetch, 4 << 20)
+
+
+def test_a_cut_short_frame_is_named_as_such() -> None:
+    """Review 2026-12-03: half a frame decoded silently to a prefix, and the refusal
+    blamed the JSON; the frame's header says what it decodes to."""
+    frame = _json_page(1 << 20)
+    with pytest.raises(PeerProtocolError, match="its zstd stream ends inside a frame"):
+        inflate_capped(frame[: len(frame) // 2], 64 << 20, "GET", "p")
+
+
+def test_every_accept_encoding_line_counts_for_pages_as_for_snapshots(tmp_path: Path) -> None:
+    """Review 2026-12-03: `identity` then `zstd` on two lines coded the snapshot and not
+    the page (two copies of the rule); one rule reads every line now."""
+    with Store.open(tmp_path / "s") as store:
+        author(store, 300)
+        app = create_app(store, token=TOKEN)
+
+        async def go() -> httpx.Headers:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                         base_url=BASE) as client:
+                request = client.build_request(
+                    "GET", "/sync/ops", params=dict(PAGE, origin=store.replica_id),
+                    headers=[("Authorization", f"Bearer {TOKEN}"),
+                             ("Accept-Encoding", "identity"), ("Accept-Encoding", "zstd")])
+                response = await client.send(request, stream=True)
+                await response.aclose()
+                return response.headers
+
+        assert anyio.run(go)["content-encoding"] == "zstd"

@@ -37,7 +37,7 @@ from logsync.server.stream import (
 )
 from logsync.snapshot import SNAPSHOT_PATH
 from logsync.wire import EXTENSIONS_PARAM, PUSH_PATH
-from logsync.zstdcoding import ZSTD, accepts_zstd, compress
+from logsync.zstdcoding import ZSTD, compress, request_accepts_zstd
 
 logger = logging.getLogger("logsync.server")
 # A page this large or larger goes zstd-coded to a puller that accepts it: pages of text
@@ -181,7 +181,7 @@ async def sync_ops(request: Request) -> Response:
     path, params = request.url.path, _params(request)
     encoding = MSGPACK if _wants_msgpack(request) else JSON
     asked = responder.extensions_asked(params, srv.profile)
-    zstd = accepts_zstd(request.headers.get("accept-encoding", ""))
+    zstd = request_accepts_zstd(request.headers)
     key = page_key(encoding, params, ZSTD if zstd else "")
 
     def build(store: Any) -> tuple[int, dict, bytes | None, str | ValueError, str]:

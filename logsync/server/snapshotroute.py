@@ -28,7 +28,7 @@ from starlette.responses import Response, StreamingResponse
 from logsync.server.common import _error, _Server
 from logsync.snapshot import SHA256_HEADER, SIZE_HEADER, SNAPSHOT_TYPE, transfer_behind
 from logsync.snapshot.making import SnapshotCache, SnapshotFile
-from logsync.zstdcoding import accepts_zstd
+from logsync.zstdcoding import request_accepts_zstd
 
 logger = logging.getLogger("logsync.server")
 
@@ -51,8 +51,7 @@ async def sync_snapshot(request: Request) -> Response:
         made = await srv.run(lambda store: _current(srv, store))
     if made is None:
         return _error(501, "this server's store cannot be copied as a snapshot")
-    zstd = made.zstd_path is not None and accepts_zstd(
-        ",".join(request.headers.getlist("accept-encoding")))
+    zstd = made.zstd_path is not None and request_accepts_zstd(request.headers)
     first = b"" if zstd else made.preamble()  # the frame holds the preamble
     try:  # held open: a replaced copy stays readable
         handle = (made.zstd_path if zstd and made.zstd_path else made.path).open("rb")
