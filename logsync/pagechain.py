@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from logsync.chain import canonical_op, next_digest
-from logsync.errors import shorten
+from logsync.errors import ValidationError, shorten
 from logsync.keys import verify_digest
+from logsync.model import checked_remote_row
 
 CHECKPOINT = 64
 BAD_SIGNATURE = "bad_signature"
@@ -99,7 +100,7 @@ def verify_page(
             # checked before the validator: a hostile op (metadata nested past the stack)
             # is refused here, as the validator would, never raised out of the round
             return (CHAIN_MISMATCH, seq if isinstance(seq, int) else 0,
-                    f"the op cannot be put on the origin's chain: {shorten(exc)}")
+                    f"the op cannot be put on the origin's chain: {_why(event, exc)}")
         assert isinstance(seq, int)
         digests[seq] = digest
         links[seq] = (before, digest)
@@ -114,3 +115,16 @@ def verify_page(
     kept = {seq: sig for seq, sig in signatures.items()
             if seq in digests and carries_signature(seq, last)}
     return PageProof(digests, kept, links)
+
+
+def _why(event: Mapping[str, Any], exc: BaseException) -> str:
+    """Why an op has no canonical bytes, as the validator says it (`metadata={'x': nan} is
+    invalid: must not hold NaN or Infinity (not JSON)`), else the error's own words: an
+    operator reads it in the quarantine, never an exception's repr."""
+    try:
+        checked_remote_row(event)
+    except ValidationError as refused:
+        return str(refused)
+    except Exception:  # noqa: BLE001 - the validator's own failure says nothing better
+        pass
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__

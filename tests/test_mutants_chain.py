@@ -396,16 +396,39 @@ def test_a_page_without_its_end_signature_is_unsigned_at_its_last_seq() -> None:
     assert verify_page(PUBLIC, start, [*ops[:-1], last], {}, sigs) == (UNSIGNED, 0, sentence)
 
 
-@pytest.mark.parametrize("ids", [None, "abc", [1], ["art_ok", 2], {"a": 1}])
-def test_artifact_ids_that_are_not_a_list_of_ids_are_a_chain_mismatch(ids: Any) -> None:
+@pytest.mark.parametrize(("ids", "why"), [
+    (None, "artifact_ids is not a list of ids"),
+    ("abc", "artifact_ids='abc' is invalid: must be a list of artifact id strings"),
+    ([1], "artifact_ids[]=1 is invalid: must be 1-128 chars"),
+    (["art_ok", 2], "artifact_ids[]=2 is invalid: must be 1-128 chars"),
+    ({"a": 1}, "artifact_ids={'a': 1} is invalid: must be a list of artifact id strings"),
+])
+def test_artifact_ids_that_are_not_a_list_of_ids_are_a_chain_mismatch(ids: Any,
+                                                                        why: str) -> None:
+    """The reason an operator reads in the quarantine is the validator's sentence (or
+    the failure's own words), never an exception's repr."""
     start = chain_start(ORIGIN)
     ops = [synthetic_op(s) for s in range(1, 4)]
     _, sigs = signed_chain(ops, start)
     ops[1] = dict(ops[1], artifact_ids=ids)
-    assert verify_page(PUBLIC, start, ops, {}, sigs) == (
-        CHAIN_MISMATCH, 2,
-        "the op cannot be put on the origin's chain: "
-        "ValueError('artifact_ids is not a list of ids')")
+    reason, seq, sentence = verify_page(PUBLIC, start, ops, {}, sigs)  # type: ignore[misc]
+    assert (reason, seq) == (CHAIN_MISMATCH, 2)
+    assert sentence.startswith("the op cannot be put on the origin's chain: " + why)
+    assert "Error(" not in sentence
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_metadata_holding_nan_is_refused_in_the_validators_words(bad: float) -> None:
+    """Review 2026-12-03: a page frame's op with NaN metadata was quarantined as
+    "...: ValueError('Out of range float values are not JSON compli..."."""
+    start = chain_start(ORIGIN)
+    ops = [synthetic_op(s) for s in range(1, 4)]
+    _, sigs = signed_chain(ops, start)
+    ops[1] = dict(ops[1], metadata={"x": bad})
+    reason, seq, sentence = verify_page(PUBLIC, start, ops, {}, sigs)  # type: ignore[misc]
+    assert (reason, seq) == (CHAIN_MISMATCH, 2)
+    assert sentence.endswith("is invalid: must not hold NaN or Infinity (not JSON)")
+    assert "Error(" not in sentence and "\n" not in sentence
 
 
 def test_an_op_naming_an_artifact_nobody_brought_is_missing_at_that_op() -> None:
@@ -428,7 +451,7 @@ def test_an_op_without_an_integer_seq_is_a_chain_mismatch_at_seq_0() -> None:
     ops[1] = dict(ops[1], origin_seq="2")
     reason, seq, sentence = verify_page(PUBLIC, start, ops, {}, sigs)  # type: ignore[misc]
     assert (reason, seq) == (CHAIN_MISMATCH, 0)
-    assert "origin_seq must be an integer" in sentence
+    assert "origin_seq='2' is invalid: must be a positive integer" in sentence
 
 
 @pytest.mark.parametrize("index", [0, 2])
@@ -449,7 +472,7 @@ def test_the_op_that_cannot_be_chained_is_the_one_quarantined(tmp_path: Path,
     assert report.origins[a.replica_id].quarantined == 1
     (bad,) = c.list_quarantine(10)
     assert bad["origin_seq"] == index + 1 and bad["reason"].startswith(CHAIN_MISMATCH)
-    assert "body must be a string or absent" in bad["reason"]
+    assert "body=5 is invalid: must be a string" in bad["reason"]
 
 
 
