@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, urlencode
 import httpx
 import msgpack
 import pytest
+import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -85,6 +86,7 @@ NAN = "nan"  # §7: /sync/ops answers hold a NaN (not JSON)
 OPEN_OPS = "open_ops"  # §7 rule 2: only /sync/version_vector checks the token
 OPEN_SNAPSHOT = "open_snapshot"  # §7 rule 2: /sync/snapshot (the whole store) is open
 FORBIDDEN = "forbidden"  # §7 rule 1: every answer 403 (a Host or Origin refused)
+ZSTD_OTHER = "zstd_other"  # D5: the page coded when asked is another page
 SLOW = "slow"  # conforming, but every /sync/ops answer takes 2.5 s
 SLOW_S = 2.5
 
@@ -131,6 +133,11 @@ class Broken:
                 body: bytes) -> tuple[int, bytes]:
         if self.mode == FORBIDDEN:
             return 403, b'{"error": "forbidden", "reason": "host not allowed"}'
+        if self.mode == ZSTD_OTHER and headers.get(b"content-encoding") == b"zstd":
+            data = json.loads(zstandard.ZstdDecompressor().decompressobj().decompress(body))
+            data["events"][0]["body"] += " (only in the coded page)"
+            return status, zstandard.ZstdCompressor().compress(
+                json.dumps(data, ensure_ascii=False).encode("utf-8"))
         json_ok = status == 200 and headers.get(b"content-type", b"").startswith(
             b"application/json")
         if not json_ok:
@@ -210,6 +217,7 @@ def test_a_logsync_daemon_passes_every_applicable_check(populated: Path,
                  ("§7.4", "tips-match"), ("§8.1", "page-byte-budget"),
                  ("§8", "msgpack-same-events"), ("§7.5", "pushed-served-verbatim"),
                  ("§12", "token-required"), ("§12", "wrong-token-refused"),
+                 ("§7.2", "zstd-same-bytes"),
                  ("§7.2", "unknown-origin-empty"), ("§7.2", "defaults"),
                  ("§6", "vector-top-held")):
         assert checks[must] == PASS, must
@@ -350,6 +358,8 @@ def test_a_slow_peer_past_the_request_timeout_is_still_failed(served) -> None:
     (OPEN_OPS, ("§12", "token-required"), "/sync/ops"),
     # ... the snapshot's too (it passed while only the three mandatory routes were asked)
     (OPEN_SNAPSHOT, ("§12", "token-required"), "/sync/snapshot"),
+    # D5: a page coded when asked decodes to the plain page's bytes
+    (ZSTD_OTHER, ("§7.2", "zstd-same-bytes"), "decodes to other bytes"),
 ])
 def test_each_new_deviation_fails_in_its_own_section(served, broken: str,
                                                      caught: tuple[str, str],

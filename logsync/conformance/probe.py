@@ -24,6 +24,7 @@ import httpx
 from logsync import __version__
 from logsync.answers import (
     ACCEPT_ENCODING,
+    ASK_ZSTD,
     MSGPACK_TYPE,
     decode_answer,
     encoding_problem,
@@ -33,6 +34,7 @@ from logsync.client import MAX_RESPONSE_BYTES, tls_context
 from logsync.conformance import DEFAULT_DEADLINE_S, DEFAULT_MAX_REQUESTS, DEFAULT_TIMEOUT_S
 from logsync.errorcodes import ERRORS_CODED, ERRORS_HEADER
 from logsync.errors import LogsyncError, PeerError, shorten
+from logsync.zstdcoding import ZSTD, inflate_capped
 
 WATCHDOG_GRACE_S = 0.5  # past a request's budget before its client is closed
 DEADLINE_SLACK_S = 0.05  # a timeout this close to the run's deadline is the deadline's
@@ -109,11 +111,14 @@ class Probe:
         return time.monotonic() - self.started
 
     def get(self, path: str, params: dict[str, Any] | None = None, *, auth: str | None = "",
-            msgpack: bool = False, coded: bool = True) -> Reply:
+            msgpack: bool = False, coded: bool = True, zstd: bool = False) -> Reply:
         """GET `path`; `auth` "" sends our token, None sends none, any other text is sent
         as the whole Authorization header. `coded` asks for coded error bodies
-        (`Logsync-Errors: codes`, as every logsync client does)."""
-        return self._request("GET", path, params, auth, msgpack, None, coded=coded)
+        (`Logsync-Errors: codes`, as every logsync client does). `zstd` accepts a
+        zstd-coded answer (RFC 004 D5), decoded here within the kit's cap: the reply's
+        `body` is then the decoded bytes and its headers say the coding."""
+        return self._request("GET", path, params, auth, msgpack, None, coded=coded,
+                             zstd=zstd)
 
     def post(self, path: str, body: bytes, *, auth: str | None = "") -> Reply:
         return self._request("POST", path, None, auth, False, body)
@@ -125,7 +130,7 @@ class Probe:
 
     def _request(self, method: str, path: str, params: dict[str, Any] | None,
                  auth: str | None, msgpack: bool, content: bytes | None,
-                 read_body: bool = True, coded: bool = True) -> Reply:
+                 read_body: bool = True, coded: bool = True, zstd: bool = False) -> Reply:
         where = f"{method} {path}"
         left = self.ends - time.monotonic()
         if left <= 0:
@@ -135,6 +140,8 @@ class Probe:
                               f"before {where}")
         self.requests += 1
         headers = {"Accept": MSGPACK_TYPE} if msgpack else {}
+        if zstd:
+            headers["Accept-Encoding"] = ASK_ZSTD
         if coded:
             headers[ERRORS_HEADER] = ERRORS_CODED
         if auth == "" and self.token:
@@ -157,7 +164,7 @@ class Probe:
             with http.stream(method, path, params=params, headers=headers, content=content,
                              timeout=httpx.Timeout(budget, connect=min(5.0, budget))
                              ) as response:
-                body = self._read(response, where, ends, capped) if read_body else b""
+                body = self._read(response, where, ends, capped, zstd) if read_body else b""
                 status, ctype, got = (response.status_code,
                                       response.headers.get("content-type", ""), response.headers)
         except (httpx.HTTPError, httpx.StreamError, RuntimeError) as exc:
@@ -187,12 +194,12 @@ class Probe:
         return time.monotonic() >= self.ends - DEADLINE_SLACK_S
 
     def _read(self, response: httpx.Response, where: str, ends: float,
-              capped: bool) -> bytes:
+              capped: bool, zstd: bool = False) -> bytes:
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
             raise ProbeError(f"{self.label}: {where} announced a {declared}-byte answer; the "
                              f"kit's cap is {self.max_bytes} bytes")
-        problem = encoding_problem(response.headers)
+        problem = encoding_problem(response.headers, (ZSTD,) if zstd else ())
         if problem:
             raise ProbeError(f"{self.label}: {where} {problem}")
         body = bytearray()
@@ -203,6 +210,12 @@ class Probe:
                                  f"{self.max_bytes} bytes")
             if time.monotonic() > ends:
                 raise self._late(where, self.timeout, capped)
+        if response.headers.get("content-encoding", "").strip().lower() == ZSTD:
+            try:
+                body = inflate_capped(body, self.max_bytes, f"{self.label}: {where}",
+                                      self.label)
+            except PeerError as exc:
+                raise ProbeError(str(exc)) from None
         return bytes(body)
 
 

@@ -34,6 +34,7 @@ from logsync.wire import (
     parse_artifact_answer,
     parse_page,
 )
+from logsync.zstdcoding import ZSTD
 
 KNOWN_EXTENSIONS = (*EXTENSIONS, EXT_PUSH, EXT_SNAPSHOT)
 OPS = "/sync/ops"
@@ -109,9 +110,9 @@ def _check_advertisement(run: Run) -> None:
 def ops(run: Run, origin: str, after: int, limit: int, **extra: Any) -> Any:
     """One `/sync/ops` page (params as the wire writes them)."""
     params = {"origin": origin, "after": after, "limit": limit}
-    msgpack = extra.pop("msgpack", False)
+    msgpack, zstd = extra.pop("msgpack", False), extra.pop("zstd", False)
     params.update(extra)
-    return run.probe.get(OPS, params, msgpack=msgpack)
+    return run.probe.get(OPS, params, msgpack=msgpack, zstd=zstd)
 
 
 def check_page(run: Run, reply: Any, origin: str, after: int, limit: int, check: str,
@@ -203,6 +204,7 @@ def check_ops(run: Run) -> None:
         _top_held(run, origin)
     _upstream_cap(run, origins[0])
     _msgpack_same(run, run.sound()[:1])
+    _zstd_same(run, run.sound()[:1])
 
 
 def _offsets(run: Run, origin: str) -> None:
@@ -319,6 +321,31 @@ def _msgpack_same(run: Run, sound: list[str]) -> None:
                       "decodes to other events than the JSON page")
     else:
         run.tally.ok("§8", "msgpack-same-events")
+
+
+def _zstd_same(run: Run, sound: list[str]) -> None:
+    """RFC 004 D5: a page asked for with `Accept-Encoding: zstd` is, once decoded, the
+    plain answer's bytes. Coding is a MAY: a server that answers plain (a MemPalace hub)
+    leaves the check not applicable."""
+    if not sound:
+        return
+    origin = sound[0]
+    where = f"/sync/ops?origin={origin}&limit={WALK_LIMIT} asked with Accept-Encoding: zstd"
+    coded = ops(run, origin, 0, WALK_LIMIT, zstd=True)
+    plain = ops(run, origin, 0, WALK_LIMIT)
+    if status_problem(coded, where) is not None or status_problem(plain, where) is not None:
+        return  # the plain page's own checks say what is wrong with it
+    if coded.headers.get("content-encoding", "").strip().lower() != ZSTD:
+        run.report.not_applicable("§7.2", "zstd-same-bytes", "the peer answered plain "
+                                  "(coding a page is a MAY, D5)")
+        return
+    same = coded.body == plain.body
+    if not same and isinstance(coded.data, dict) and isinstance(plain.data, dict):
+        ours, theirs = coded.data.get("events"), plain.data.get("events")
+        same = isinstance(ours, list) and isinstance(theirs, list) and \
+            len(theirs) > len(ours) and theirs[:len(ours)] == ours  # the origin grew between
+    run.tally.check("§7.2", "zstd-same-bytes", None if same else
+                    f"{where} decodes to other bytes than the same page asked plain")
 
 
 def _packable(events: list[Any]) -> bool:
