@@ -81,6 +81,31 @@ def positive_float(text: str) -> float:
     return value
 
 
+def pull_parser(description: str, repeat: int) -> Any:
+    """The arguments every pull benchmark takes (`bootstrap.py`, `link.py`): the origin's
+    size, interleaved rounds, the bound on a CLI run, `--json`, `--keep`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--events", type=positive_int, default=20_000)
+    parser.add_argument("--patches", type=positive_int, default=500)
+    parser.add_argument("--repeat", type=positive_int, default=repeat,
+                        help="rounds of every variant; each figure is the best round")
+    parser.add_argument("--cli-timeout", type=positive_float, default=1800.0,
+                        help="bound on any one sync CLI run, seconds")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (debugging)")
+    return parser
+
+
+def parse_pull_args(parser: Any, argv: list[str] | None) -> Any:
+    """`parser`'s arguments, with the patches no more than the events."""
+    args = parser.parse_args(argv)
+    if args.patches > args.events:
+        parser.error(f"--patches {args.patches} is invalid: must be <= --events {args.events}")
+    return args
+
+
 # ── processes ────────────────────────────────────────────────────────────
 
 

@@ -35,8 +35,8 @@ from _harness import (
     count_rows,
     logsync_env,
     machine,
-    positive_float,
-    positive_int,
+    parse_pull_args,
+    pull_parser,
     run_main,
     run_timed,
 )
@@ -50,19 +50,7 @@ HUB_SAFE_CONCURRENCY = 4
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=positive_int, default=20_000)
-    parser.add_argument("--patches", type=positive_int, default=500)
-    parser.add_argument("--repeat", type=positive_int, default=3,
-                        help="rounds of every variant; each figure is the best round")
-    parser.add_argument("--cli-timeout", type=positive_float, default=1800.0,
-                        help="bound on any one sync CLI run, seconds")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--keep", action="store_true", help="keep the temp dir (debugging)")
-    args = parser.parse_args(argv)
-    if args.patches > args.events:
-        parser.error(f"--patches {args.patches} is invalid: must be <= --events {args.events}")
-    return args
+    return parse_pull_args(pull_parser(__doc__.splitlines()[0], repeat=3), argv)
 
 
 class Expect:

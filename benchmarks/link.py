@@ -19,7 +19,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from _harness import Bench, copy_palace, machine, positive_float, positive_int, run_main
+from _harness import (
+    Bench,
+    copy_palace,
+    machine,
+    parse_pull_args,
+    positive_float,
+    pull_parser,
+    run_main,
+)
 from bootstrap import Expect, in_process, upstream_cli, via_cli, warm_up
 from workload import build_origin
 
@@ -28,21 +36,10 @@ from logsync.chaos.proxy import ProxyHub
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=positive_int, default=20_000)
-    parser.add_argument("--patches", type=positive_int, default=500)
+    parser = pull_parser(__doc__.splitlines()[0], repeat=2)
     parser.add_argument("--mbit", type=positive_float, default=100.0,
                         help="the link's bandwidth, Mbit/s")
-    parser.add_argument("--repeat", type=positive_int, default=2,
-                        help="rounds of every variant; each figure is the best round")
-    parser.add_argument("--cli-timeout", type=positive_float, default=1800.0,
-                        help="bound on any one sync CLI run, seconds")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--keep", action="store_true", help="keep the temp dir (debugging)")
-    args = parser.parse_args(argv)
-    if args.patches > args.events:
-        parser.error(f"--patches {args.patches} is invalid: must be <= --events {args.events}")
-    return args
+    return parse_pull_args(parser, argv)
 
 
 @dataclass
