@@ -22,6 +22,18 @@ from logsync.chaos.timeline import Timeline
 START_TIMEOUT_S = 90.0
 
 
+def _settled(tag: str, processes: int, timeout: float = 10.0) -> netns.Found:
+    """The run's resources once its tagged processes number `processes` (bounded): a
+    child a node starts inherits the tag, and one short-lived (CI once counted 4 of 3
+    right after the start) must not fail the count."""
+    deadline = time.monotonic() + timeout
+    held = netns.find([tag])
+    while len(held.processes) != processes and time.monotonic() < deadline:
+        time.sleep(0.1)
+        held = netns.find([tag])
+    return held
+
+
 @pytest.mark.chaos
 @pytest.mark.parametrize("mode", ["netns", "loopback"])
 def test_a_run_that_raises_midway_leaves_nothing(
@@ -34,8 +46,8 @@ def test_a_run_that_raises_midway_leaves_nothing(
                                     proxied=(("n2", "n1"),)), Timeline(), mempalace_exe)
     with pytest.raises(RuntimeError, match="planted failure"), cluster:
         assert cluster.mode == mode
-        held = netns.find([cluster.tag])
-        assert len(held.processes) == 3 and held.mounts
+        held = _settled(cluster.tag, 3)
+        assert len(held.processes) == 3 and held.mounts, held.processes
         if mode == "netns":
             assert len(held.namespaces) == 3 and len(held.links) == 4  # bridge + 3 veths
         cluster.isolate("n1")
