@@ -13,6 +13,7 @@ advertises nothing (a MemPalace hub) gets exactly the upstream requests.
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -362,28 +363,40 @@ def parse_page(
         if prev is None and events:
             raise fail(f"has chain={shorten(chain)}; expected {{'prev': <64 hex>}}")
         signatures = _signatures(chain.get("sigs") if isinstance(chain, dict) else None,
-                                 {e["origin_seq"] for e in events}, fail)
+                                 events, fail)
         return OpsPage(origin, after, events, inline, prev, signatures)
     return OpsPage(origin, after, events, inline, prev)
 
 
 def _signatures(
-    raw: object, seqs: set[int], fail: Callable[[str], PeerProtocolError]
+    raw: object, events: list[dict], fail: Callable[[str], PeerProtocolError]
 ) -> dict[int, bytes]:
-    """A page's `sigs`: `[[seq, <128 hex>], ...]`, each seq one of the page's ops."""
+    """A page's `sigs`: `[[seq, <128 hex>], ...]`, each seq one of the page's ops
+    (`events`, checked strictly increasing: found by bisection, as a page usually
+    carries one signature and a set of its thousands of seqs cost more than the rest)."""
     if raw is None:
         return {}
-    if not isinstance(raw, list) or len(raw) > len(seqs):
+    if not isinstance(raw, list) or len(raw) > len(events):
         raise fail(f"has chain.sigs={shorten(raw)}, not a list of at most one per op")
     out: dict[int, bytes] = {}
     for entry in raw:
         signature = parse_digest(entry[1], 64) if isinstance(entry, list) and len(entry) == 2 \
             else None
-        if signature is None or type(entry[0]) is not int or entry[0] not in seqs:
+        if signature is None or type(entry[0]) is not int or not _holds_seq(events, entry[0]):
             raise fail(f"has chain.sigs entry {shorten(entry)}; expected [seq of the page, "
                        "<128 hex>]")
         out[entry[0]] = signature
     return out
+
+
+def _holds_seq(events: list[dict], seq: int) -> bool:
+    """Whether one of `events` (strictly increasing `origin_seq`) has this seq."""
+    at = bisect_left(events, seq, key=_seq_of)
+    return at < len(events) and events[at]["origin_seq"] == seq
+
+
+def _seq_of(event: dict) -> int:
+    return event["origin_seq"]
 
 
 def _inline_artifacts(
