@@ -146,6 +146,8 @@ def test_serving_measures_each_target_at_each_concurrency() -> None:
         ("growth", ["--sizes", "100,10"], "must be increasing positive integers"),
         ("growth", ["--idle-seconds", "0"], "--idle-seconds 0 is invalid"),
         ("page_frames", ["--per-write", "0"], "0 is invalid: must be a positive integer"),
+        ("sim_floor", ["--nodes", "0"], "0 is invalid: must be a positive integer"),
+        ("sim_floor", ["--scenario", "no/such.toml"], "'no/such.toml' is not a file"),
     ],
 )
 def test_bad_arguments_are_one_sentence_not_a_traceback(
@@ -209,3 +211,32 @@ def test_page_frames_times_both_ways_and_prints_the_ratio() -> None:
     assert "pages=30 per_write=3" in done.stdout
     ratio = float(done.stdout.split("ratio (b)/(a)")[1].split(":")[1].split("x")[0])
     assert ratio > 0
+
+
+def test_sim_floor_runs_the_scenario_and_its_sqlite_floor() -> None:
+    """Small enough for the default suite: a 3-node broadcast and its floors."""
+    result = run_benchmark("sim_floor", "--nodes", "3")
+    sim = result["sim"]
+    assert sim["nodes"] == 3 and sim["events"] > 0 and positive(sim["wall_s"])
+    # every node stores every event: the applies are the events the others wrote
+    assert sim["applies"] == sim["events"] * 2
+    assert [f["per_write"] for f in result["floors"]] == sorted({1, result["own_per_write"], 10})
+    assert all(positive(f["seconds"]) for f in result["floors"]) and positive(result["appends_s"])
+    text = rendered("sim_floor", result)
+    assert "<- the run's own ops per frame" in text and "run/floor" in text
+
+
+@pytest.mark.parametrize(("toml", "says"), [
+    ('name = "idle"\nseed = 1\n', "the run applied no remote op"),
+    ('name = "bad"\nseed = 1\n[nodes]\ncount = "a"\n', "nodes.count='a' must be an integer"),
+])
+def test_sim_floor_refuses_a_scenario_it_cannot_measure_in_one_sentence(
+        tmp_path: Path, toml: str, says: str) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(toml, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(BENCH_DIR / "sim_floor.py"), "--scenario", str(scenario)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and says in done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1
