@@ -28,7 +28,7 @@ from logsync.errors import (
     PeerTransientError,
     shorten,
 )
-from logsync.zstdcoding import ZSTD, inflate_capped
+from logsync.zstdcoding import ZSTD, inflate, inflate_capped
 
 MSGPACK_TYPE = "application/msgpack"
 # We ask for answers as sent and read the raw bytes: a compressed answer would expand
@@ -149,10 +149,30 @@ def count_containers(body: bytes | bytearray, packed: bool) -> int:
                for i in range(0, len(body), _COUNT_CHUNK))
 
 
-def error_text(body: bytes | bytearray) -> str:
+ERROR_TEXT_BYTES = 64 * 1024  # of an error body decoded for its sentence, at most
+
+
+def error_text(body: bytes | bytearray, coding: str = "") -> str:
     """The peer's error sentence if it sent one (`{"error": CODE, "reason": ...}` or a
-    hub's `{"error": ...}`), cut to one line."""
+    hub's `{"error": ...}`), cut to one line. A zstd-coded body (`coding`, the answer's
+    Content-Encoding; a page's error may come coded as its page would) is decoded first,
+    at most `ERROR_TEXT_BYTES` of it: one that does not decode has no sentence."""
+    if coding.strip().lower() == ZSTD:
+        body = _inflated_head(body)
     return reason_from_bytes(body)
+
+
+def _inflated_head(body: bytes | bytearray) -> bytes:
+    """What a zstd body decodes to, or b"" past `ERROR_TEXT_BYTES` or on any fault."""
+    out = bytearray()
+    try:
+        for chunk in inflate(iter((bytes(body[:ERROR_TEXT_BYTES]),)), "", ""):
+            out += chunk
+            if len(out) > ERROR_TEXT_BYTES:
+                return b""
+    except PeerError:
+        return b""
+    return bytes(out)
 
 
 def parse_retry_after(headers: httpx.Headers, now: float | None = None) -> float | None:

@@ -407,8 +407,10 @@ class PeerClient:
         return body
 
     def _check_status(self, response: httpx.Response, body: bytes, where: str) -> None:
-        error = self.policy.error_for_status(response.status_code, error_text(body), where,
-                                             self.name, parse_retry_after(response.headers))
+        coding = response.headers.get("content-encoding", "")
+        error = self.policy.error_for_status(response.status_code, error_text(body, coding),
+                                             where, self.name,
+                                             parse_retry_after(response.headers))
         if error is not None:
             raise error
 

@@ -21,7 +21,13 @@ from logsync import client as client_mod
 from logsync.answers import MAX_CONTAINERS, count_containers
 from logsync.client import PeerClient
 from logsync.engine import Request
-from logsync.errors import ConfigError, PeerProtocolError, PeerTooLargeError, PeerTransientError
+from logsync.errors import (
+    ConfigError,
+    PeerProtocolError,
+    PeerRequestError,
+    PeerTooLargeError,
+    PeerTransientError,
+)
 
 URL = "http://peer.test:8000"
 
@@ -199,3 +205,28 @@ def test_a_compressed_answer_is_refused_before_it_is_expanded() -> None:
         fetch(handler)
     assert seen == ["zstd, identity"]  # a page may come zstd-coded (bounded), never gzip
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 40
+
+
+def test_a_coded_refusal_of_a_page_keeps_its_reason() -> None:
+    """A peer (or a proxy) that codes a page's error as it codes the page: the puller
+    still says why the page was refused. (An ASGI app: a mock transport hands the client
+    a body httpx has already decoded.)"""
+    import zstandard
+
+    said = json.dumps({"error": "bad_request", "reason": "limit=0 must be from 1 to 5000"})
+    coded = zstandard.ZstdCompressor().compress(said.encode())
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 400, "headers": [
+            (b"content-type", b"application/json"), (b"content-encoding", b"zstd"),
+            (b"content-length", str(len(coded)).encode())]})
+        await send({"type": "http.response.body", "body": coded})
+
+    async def go() -> Any:
+        async with PeerClient(URL, transport=httpx.ASGITransport(app=app),
+                              attempts=1) as client:
+            return await client.fetch(Request("/sync/ops", {"origin": "x"}))
+
+    with pytest.raises(PeerRequestError,
+                       match=r"answered 400: limit=0 must be from 1 to 5000$"):
+        anyio.run(go)

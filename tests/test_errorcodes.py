@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -57,6 +58,20 @@ def test_a_client_reads_the_sentence_of_either_shape() -> None:
     assert error_text(b"x" * (64 * 1024 + 1)) == ""  # never decodes a large body
     assert upstream_shape({"error": "busy", "reason": "r"}) == {"error": "r"}
     assert upstream_shape({"events": []}) == {"events": []}
+
+
+def test_a_zstd_coded_error_body_is_read_for_its_sentence_within_a_bound() -> None:
+    """A page's refusal may come coded as its page would; its reason must not be lost,
+    and a coded body can make the reader neither fail nor expand past 64 KiB."""
+    said = json.dumps(error_body(429, "too many pullers; try again in 2 s")).encode()
+    coded = zstandard.ZstdCompressor().compress(said)
+    assert error_text(coded, "zstd") == "too many pullers; try again in 2 s"
+    assert error_text(coded, " ZSTD ") == "too many pullers; try again in 2 s"
+    assert error_text(coded) == ""  # not said to be coded: bytes that are not JSON
+    bomb = zstandard.ZstdCompressor().compress(b'{"error": "' + b"x" * 50_000_000 + b'"}')
+    assert len(bomb) < 64 * 1024 and error_text(bomb, "zstd") == ""
+    assert error_text(b"not zstd at all", "zstd") == ""
+    assert error_text(coded[: len(coded) // 2], "zstd") == ""  # cut inside its frame
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import zstandard
 
-from logsync.errors import PeerProtocolError
+from logsync.errors import PeerProtocolError, PeerTransientError
 from logsync.fetchpolicy import PeerDeadlineError
 from logsync.peers import Peer
 from logsync.server import create_app
@@ -450,3 +450,21 @@ def test_a_snapshot_the_disk_cannot_hold_is_refused_before_a_byte_is_written(
     assert len(said) == 1 and "snapshot does not fit on the disk of" in said[0], said
     assert said[0].endswith("; pulling op by op instead")
     assert not [p for p in joiner.iterdir() if p.name.startswith(".logsync-snapshot-join-")]
+
+
+def test_a_coded_refusal_of_a_snapshot_keeps_its_reason(tmp_path: Path) -> None:
+    """A snapshot's refusal coded as its file would be: the joiner says why."""
+    said = json.dumps({"error": "busy", "reason": "a snapshot is being made; try in 5 s"})
+    coded = zstandard.ZstdCompressor().compress(said.encode())
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("503 Service Unavailable", [
+            ("Content-Type", "application/json"), ("Content-Encoding", "zstd"),
+            ("Content-Length", str(len(coded)))])
+        return [coded]
+
+    with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://peer") as http, \
+            pytest.raises(PeerTransientError,
+                          match=r"answered 503: a snapshot is being made; try in 5 s$"):
+        download_snapshot(http, tmp_path / "snap", 1 << 20, name="peer")
+    assert not (tmp_path / "snap").exists()

@@ -126,8 +126,9 @@ def _status_error(response: httpx.Response, where: str, peer: str) -> Exception:
         body += chunk
         if len(body) >= ERROR_BODY_BYTES:
             break
-    error = FetchPolicy().error_for_status(response.status_code, error_text(bytes(body)),
-                                           where, peer, parse_retry_after(response.headers))
+    text = error_text(bytes(body), response.headers.get("content-encoding", ""))
+    error = FetchPolicy().error_for_status(response.status_code, text, where, peer,
+                                           parse_retry_after(response.headers))
     return error or PeerProtocolError(f"{where} answered {response.status_code}", peer=peer)
 
 
