@@ -493,7 +493,7 @@ def test_sync_does_not_load_the_other_commands() -> None:
                           timeout=60, check=True)
     loaded = done.stdout.strip().splitlines()[-1]
     assert "replication" in loaded
-    for other in ("sim", "conformance", "operator", "ledgers", "status", "verify"):
+    for other in ("sim", "derived", "conformance", "operator", "ledgers", "status", "verify"):
         assert f"logsync.cli.{other}'" not in loaded, loaded
 
 

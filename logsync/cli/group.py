@@ -23,7 +23,8 @@ from logsync.text import is_unicode
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("ack", "append", "artifact", "info", "init", "list", "logstream",
                      "patch", "wait"), ("local",)),
-    **dict.fromkeys(("claims", "owed", "presence", "simulate"), ("sim",)),
+    **dict.fromkeys(("claims", "owed", "presence"), ("derived",)),
+    "simulate": ("sim",),
     **dict.fromkeys(("conflicts", "quarantine"), ("ledgers", "operator")),
     "peers": ("ledgers",),
     "conformance": ("conformance",),
