@@ -407,6 +407,10 @@ class PeerClient:
         return body
 
     def _check_status(self, response: httpx.Response, body: bytes, where: str) -> None:
+        """Raise the error a non-2xx answer is; a 2xx body is never read for a sentence
+        (a coded page would be decoded on the event loop for nothing)."""
+        if 200 <= response.status_code < 300:
+            return
         coding = response.headers.get("content-encoding", "")
         error = self.policy.error_for_status(response.status_code, error_text(body, coding),
                                              where, self.name,
